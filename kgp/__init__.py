@@ -1,0 +1,46 @@
+"""kgp: large-scale kernel methods and GP posterior-mean regression with pluggable solvers.
+
+Quick start::
+
+    import kgp
+    model = kgp.KernelRegressor(kernel="rbf", lengthscale=1.0, noise=1e-2, solver="exact")
+    model.fit(X, y).predict(X_test)
+
+Solvers and center selectors are plugins picked by name (``kgp plugins`` lists them); see
+:mod:`kgp.hookspecs` for the plugin contract.
+"""
+
+from . import settings
+from ._version import __version__
+from .hookspecs import hookimpl
+from .io import load
+from .models import KernelClassifier, KernelRegressor
+from .monitor import IterationInfo, Monitor
+from .operators import KernelOperator, kernel_operator
+from .plugin import Centers, Problem, SelectionRequest, default_n_centers, merge_options
+from .predictors import KernelExpansion
+from .registry import get_selector, get_solver, list_plugins, register, unregister
+
+__all__ = [
+    "Centers",
+    "IterationInfo",
+    "KernelClassifier",
+    "KernelExpansion",
+    "KernelOperator",
+    "KernelRegressor",
+    "Monitor",
+    "Problem",
+    "SelectionRequest",
+    "__version__",
+    "default_n_centers",
+    "get_selector",
+    "get_solver",
+    "hookimpl",
+    "kernel_operator",
+    "list_plugins",
+    "load",
+    "merge_options",
+    "register",
+    "settings",
+    "unregister",
+]

@@ -1,0 +1,70 @@
+"""Every hook a kgp plugin can implement, with its contract.
+
+A plugin is a module (or object) with functions decorated by :data:`kgp.hookimpl`, made
+known to kgp through an entry point in the ``kgp`` group::
+
+    # pyproject.toml of the plugin's distribution
+    [project.entry-points.kgp]
+    my-solver = "my_package.plugin"
+
+kgp's own solvers and selectors register through exactly these hooks (they live in the
+``kgp_builtins`` package, outside the core). Each hook receives a ``register`` callback; call it
+once per thing you provide. Names are global across all plugins: a name registered twice is an
+error that names both origins.
+"""
+
+from __future__ import annotations
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("kgp")
+hookimpl = pluggy.HookimplMarker("kgp")
+
+
+@hookspec
+def register_solvers(register) -> None:
+    """Register solvers by name.
+
+    Call ``register(name, solver)`` for each solver. ``solver`` must satisfy
+    :class:`kgp.plugin.Solver`:
+
+    - ``option_defaults``: mapping of every option the solver accepts to its default
+      (the model rejects unknown option names before fitting, listing these);
+    - ``uses_centers``: whether ``fit`` needs ``problem.centers`` (the model selects them
+      with a center selector when True, and refuses explicit centers when False);
+    - ``fit(problem) -> Predictor``: solve the regularised least-squares problem described by
+      :class:`kgp.plugin.Problem` (regularisation convention: GP noise variance sigma^2 =
+      ``problem.noise``; the per-sample lambda of FALKON/BLESS is ``problem.lam = noise / n``).
+      Multi-output targets are columns of ``problem.y``. Iterative solvers call
+      ``problem.monitor.step(...)`` once per iteration and stop when it returns True.
+      Use ``problem.generator`` for all randomness, ``problem.kernel_operator(...)`` for every
+      kernel product, and keep the dtype/device of ``problem.X``;
+    - optionally ``partial_fit(problem, previous) -> Predictor`` to continue from a previous
+      predictor on a new chunk of data (streaming); ``previous`` is None on the first chunk.
+    """
+
+
+@hookspec
+def register_selectors(register) -> None:
+    """Register center selectors by name.
+
+    Call ``register(name, selector)`` for each selector. ``selector`` must satisfy
+    :class:`kgp.plugin.CenterSelector`: ``option_defaults`` and
+    ``select(request) -> Centers``, where :class:`kgp.plugin.SelectionRequest` carries the
+    training inputs, the requested number of centers (None: the selector decides), the kernel,
+    the noise / lambda, a seeded ``torch.Generator`` and the options. The returned
+    :class:`kgp.plugin.Centers` holds the points, optional weights (the diagonal of FALKON's D
+    matrix, Appendix A: weighted Nystrom), optional indices into the training set and a dict of
+    diagnostics (e.g. estimated leverage scores).
+    """
+
+
+@hookspec
+def register_predictors(register) -> None:
+    """Register predictor kinds, so that saved models can be loaded.
+
+    Call ``register(kind, cls)`` where ``cls.kind == kind`` and ``cls.from_state(state, kernel)``
+    rebuilds a predictor from the tensors and plain values its ``state_dict()`` returned
+    (see :class:`kgp.plugin.Predictor`). The core registers ``kernel_expansion``; a solver whose
+    result has another form (e.g. a random-feature expansion) registers its own kind.
+    """

@@ -1,0 +1,254 @@
+"""Recognise GPyTorch kernels and evaluate their blocks fast.
+
+A :class:`KernelRecipe` describes *how* to evaluate one kernel (its family and which
+hyperparameter tensors it needs); the hyperparameter tensors themselves travel separately,
+as arguments of the :class:`~kgp.operators.KernelOperator`, so that linear_operator's
+autograd machinery sees them.
+
+Fast families (one GEMM on augmented inputs, nonlinearity in place, reused buffer):
+
+===============  =====================================================  =================
+family           k(x, z) (u = x / lengthscale, v = z / lengthscale)     GPyTorch class
+===============  =====================================================  =================
+``rbf``          exp(-||u - v||^2 / 2)                                  RBFKernel
+``matern12``     exp(-r),  r = ||u - v||                                MaternKernel(0.5)
+``matern32``     (1 + sqrt3 r) exp(-sqrt3 r)                            MaternKernel(1.5)
+``matern52``     (1 + sqrt5 r + 5 r^2 / 3) exp(-sqrt5 r)                MaternKernel(2.5)
+``linear``       variance * x . z                                       LinearKernel
+``polynomial``   (x . z + offset)^power                                 PolynomialKernel
+===============  =====================================================  =================
+
+Each may be wrapped in one ``ScaleKernel`` (outputscale multiplies the result). Anything else
+(other kernels, ``active_dims``, batch shapes, sums and products) uses the ``generic`` family,
+which calls the kernel's own ``forward`` on blocks: correct, slower.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import gpytorch
+import torch
+from torch import Tensor
+
+__all__ = ["KernelRecipe", "recipe_for"]
+
+_SQRT3 = math.sqrt(3.0)
+_SQRT5 = math.sqrt(5.0)
+_DISTANCE_FAMILIES = ("rbf", "matern12", "matern32", "matern52")
+
+
+@dataclass(frozen=True)
+class KernelRecipe:
+    """How to evaluate one kernel from its hyperparameter tensors.
+
+    Attributes
+    ----------
+    family:
+        One of ``rbf``, ``matern12``, ``matern32``, ``matern52``, ``linear``, ``polynomial``
+        or ``generic``.
+    scaled:
+        Whether an outputscale tensor is present (a ``ScaleKernel`` wrapper).
+    power:
+        Exponent of the polynomial family.
+    param_names:
+        For ``generic``: the kernel module's parameter names, in the order of the
+        hyperparameter tensors.
+    """
+
+    family: str
+    scaled: bool = False
+    power: int = 0
+    param_names: tuple[str, ...] = ()
+
+    @property
+    def is_stationary(self) -> bool:
+        return self.family in _DISTANCE_FAMILIES
+
+    @property
+    def buffers_needed(self) -> int:
+        """Kernel-block-sized buffers the fast path needs at once."""
+        return 2 if self.family in ("matern32", "matern52") else 1
+
+    # ------------------------------------------------------------------ hyperparameters
+    def split(self, hypers: tuple[Tensor, ...]) -> tuple[Tensor | None, Tensor | None]:
+        """Return (shape parameter, scale) from the hyperparameter tuple.
+
+        The shape parameter is the lengthscale (distance families), the variance (linear) or the
+        offset (polynomial). The scale is the outputscale times, for ``linear``, nothing else.
+        """
+        if self.family == "generic":
+            return None, None
+        shape = hypers[0]
+        scale = hypers[1] if self.scaled else None
+        return shape, scale
+
+    # ------------------------------------------------------------------ fast, no-grad path
+    def prepare_cols(self, z: Tensor, hypers: tuple[Tensor, ...], center: Tensor | None = None) -> Tensor:
+        """Augmented column inputs, computed once per operator (M x (d + 2)).
+
+        ``center`` (1 x d) is subtracted from both sides of a stationary kernel: the value is
+        unchanged, and the norms in the augmented GEMM stay small, which keeps float32 accurate.
+        """
+        shape, _ = self.split(hypers)
+        if self.is_stationary:
+            v = (z if center is None else z - center) / shape.reshape(1, -1)
+            sq = (v * v).sum(dim=1, keepdim=True)
+            ones = torch.ones_like(sq)
+            if self.family == "rbf":
+                # exp(u.v - |u|^2/2 - |v|^2/2): the GEMM yields the exponent directly
+                return torch.cat([v, ones, -0.5 * sq], dim=1)
+            return torch.cat([-2.0 * v, ones, sq], dim=1)
+        if self.family == "linear":
+            return z * shape.reshape(1, 1)
+        if self.family == "polynomial":
+            return torch.cat([z, shape.reshape(1, 1).expand(z.shape[0], 1)], dim=1)
+        raise RuntimeError(f"family {self.family!r} has no fast path")
+
+    def prepare_rows(self, x: Tensor, hypers: tuple[Tensor, ...], center: Tensor | None = None) -> Tensor:
+        """Augmented row inputs (n x (d + 2)); cheap, O(n d). ``center`` as in :meth:`prepare_cols`."""
+        shape, _ = self.split(hypers)
+        if self.is_stationary:
+            u = (x if center is None else x - center) / shape.reshape(1, -1)
+            sq = (u * u).sum(dim=1, keepdim=True)
+            ones = torch.ones_like(sq)
+            if self.family == "rbf":
+                return torch.cat([u, -0.5 * sq, ones], dim=1)
+            return torch.cat([u, sq, ones], dim=1)
+        if self.family == "linear":
+            return x
+        if self.family == "polynomial":
+            return torch.cat([x, torch.ones_like(x[:, :1])], dim=1)
+        raise RuntimeError(f"family {self.family!r} has no fast path")
+
+    def fill(self, rows: Tensor, cols: Tensor, out: Tensor, spare: Tensor | None = None) -> Tensor:
+        """Write the *unscaled* kernel block k(rows, cols) into ``out`` (in place).
+
+        ``rows`` and ``cols`` come from :meth:`prepare_rows` / :meth:`prepare_cols`; ``spare`` is a
+        second buffer of ``out``'s shape for the Matern 3/2 and 5/2 families.
+        """
+        torch.mm(rows, cols.T, out=out)
+        family = self.family
+        if family == "rbf":
+            return out.clamp_max_(0.0).exp_()
+        if family == "linear":
+            return out
+        if family == "polynomial":
+            return out.pow_(self.power)
+        r = out.clamp_min_(0.0).sqrt_()
+        if family == "matern12":
+            return r.neg_().exp_()
+        assert spare is not None
+        if family == "matern32":
+            a = r.mul_(_SQRT3)
+            torch.neg(a, out=spare).exp_()
+            return a.add_(1.0).mul_(spare)
+        a = r.mul_(_SQRT5)  # matern52
+        torch.neg(a, out=spare).exp_()
+        return a.addcmul_(a, a, value=1.0 / 3.0).add_(1.0).mul_(spare)
+
+    # ------------------------------------------------------------------ differentiable path
+    def dense(self, x: Tensor, z: Tensor, hypers: tuple[Tensor, ...], kernel) -> Tensor:
+        """Differentiable, allocating evaluation of the scaled kernel block k(x, z)."""
+        if self.family == "generic":
+            return _generic_block(kernel, self.param_names, hypers, x, z, diag=False)
+        shape, scale = self.split(hypers)
+        if self.is_stationary:
+            u = x / shape.reshape(1, -1)
+            v = z / shape.reshape(1, -1)
+            center = v.mean(dim=0, keepdim=True).detach()
+            u, v = u - center, v - center
+            d2 = (u.pow(2).sum(1, keepdim=True) + v.pow(2).sum(1).unsqueeze(0) - 2.0 * u @ v.T).clamp_min(0.0)
+            block = self._from_sq_dist(d2)
+        elif self.family == "linear":
+            block = (x * shape.reshape(1, 1)) @ z.T
+        else:
+            block = (x @ z.T + shape.reshape(1, 1)).pow(self.power)
+        return block if scale is None else block * scale.reshape(1, 1)
+
+    def pairs(self, x: Tensor, z: Tensor, hypers: tuple[Tensor, ...], kernel) -> Tensor:
+        """Elementwise values k(x_i, z_i) for equally shaped ``x``, ``z`` (... x d)."""
+        if self.family == "generic":
+            flat_x, flat_z = x.reshape(-1, x.shape[-1]), z.reshape(-1, z.shape[-1])
+            vals = _generic_block(kernel, self.param_names, hypers, flat_x, flat_z, diag=True)
+            return vals.reshape(x.shape[:-1])
+        shape, scale = self.split(hypers)
+        if self.is_stationary:
+            diff = (x - z) / shape
+            vals = self._from_sq_dist(diff.pow(2).sum(-1))
+        elif self.family == "linear":
+            vals = (x * z).sum(-1) * shape.reshape(())
+        else:
+            vals = ((x * z).sum(-1) + shape.reshape(())).pow(self.power)
+        return vals if scale is None else vals * scale.reshape(())
+
+    def _from_sq_dist(self, d2: Tensor) -> Tensor:
+        if self.family == "rbf":
+            return torch.exp(-0.5 * d2)
+        # clamp_min keeps the gradient of sqrt finite at r = 0 (as GPyTorch does)
+        r = d2.clamp_min(1e-30).sqrt()
+        if self.family == "matern12":
+            return torch.exp(-r)
+        if self.family == "matern32":
+            a = _SQRT3 * r
+            return (1.0 + a) * torch.exp(-a)
+        a = _SQRT5 * r
+        return (1.0 + a + a * a / 3.0) * torch.exp(-a)
+
+
+def _generic_block(kernel, names, hypers, x, z, *, diag: bool) -> Tensor:
+    params = dict(zip(names, hypers))
+    out = torch.func.functional_call(kernel, params, (x, z), {"diag": diag})
+    if not torch.is_tensor(out):
+        out = out.diagonal(dim1=-1, dim2=-2) if diag and out.dim() > 1 else out.to_dense()
+    if diag:
+        return out.reshape(x.shape[0])
+    return out
+
+
+def _plain(kernel) -> bool:
+    """A kernel whose forward uses every input column and has no batch shape."""
+    return kernel.active_dims is None and len(kernel.batch_shape) == 0
+
+
+def recipe_for(kernel: gpytorch.kernels.Kernel) -> tuple[KernelRecipe, tuple[Tensor, ...]]:
+    """Return the recipe and the current hyperparameter tensors of a GPyTorch kernel.
+
+    The tensors keep their autograd history (they are ``kernel.lengthscale`` etc.), so products
+    of the operator are differentiable with respect to the kernel's raw parameters.
+    """
+    if not isinstance(kernel, gpytorch.kernels.Kernel):
+        raise TypeError(f"kernel: expected a gpytorch.kernels.Kernel, got {type(kernel).__name__}")
+    scale = None
+    base = kernel
+    if type(kernel) is gpytorch.kernels.ScaleKernel and _plain(kernel):
+        scale = kernel.outputscale.reshape(1)
+        base = kernel.base_kernel
+    fast = _fast_recipe(base)
+    if fast is not None:
+        recipe, shape = fast
+        if scale is None:
+            return recipe, (shape,)
+        return KernelRecipe(recipe.family, True, recipe.power), (shape, scale)
+    names = tuple(name for name, _ in kernel.named_parameters())
+    params = tuple(p for _, p in kernel.named_parameters())
+    return KernelRecipe("generic", param_names=names), params
+
+
+def _fast_recipe(kernel) -> tuple[KernelRecipe, Tensor] | None:
+    if not _plain(kernel):
+        return None
+    kind = type(kernel)
+    if kind is gpytorch.kernels.RBFKernel:
+        return KernelRecipe("rbf"), kernel.lengthscale.reshape(-1)
+    if kind is gpytorch.kernels.MaternKernel:
+        family = {0.5: "matern12", 1.5: "matern32", 2.5: "matern52"}.get(float(kernel.nu))
+        if family is None:
+            return None
+        return KernelRecipe(family), kernel.lengthscale.reshape(-1)
+    if kind is gpytorch.kernels.LinearKernel:
+        return KernelRecipe("linear"), kernel.variance.reshape(1)
+    if kind is gpytorch.kernels.PolynomialKernel:
+        return KernelRecipe("polynomial", power=int(kernel.power)), kernel.offset.reshape(1)
+    return None

@@ -1,0 +1,6 @@
+"""scikit-learn-style estimators."""
+
+from .classifier import KernelClassifier
+from .regressor import KernelRegressor
+
+__all__ = ["KernelClassifier", "KernelRegressor"]

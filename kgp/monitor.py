@@ -1,0 +1,112 @@
+"""Per-iteration reporting for iterative solvers: callback, validation metric, progress bar."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import Tensor
+
+__all__ = ["IterationInfo", "Monitor"]
+
+
+@dataclass(frozen=True)
+class IterationInfo:
+    """What a solver reports after one iteration (or epoch).
+
+    Attributes
+    ----------
+    iteration:
+        1-based iteration (or epoch) number.
+    elapsed:
+        Seconds since the solver started.
+    metric:
+        Validation metric (mean squared error for regression, error rate for classification) on the
+        held-out data given to ``fit(..., validation_data=...)``, else None.
+    extras:
+        Solver-specific values (e.g. residual norm).
+    """
+
+    iteration: int
+    elapsed: float
+    metric: float | None = None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+class Monitor:
+    """Collects iteration reports; a solver calls :meth:`step` once per iteration.
+
+    Parameters
+    ----------
+    callback:
+        ``callback(info: IterationInfo) -> bool | None``; returning True stops the solver.
+    progress:
+        Show a tqdm progress bar.
+    validation:
+        ``(X_val, y_val)`` tensors; with a predictor given to :meth:`step`, the metric is computed.
+    metric:
+        ``metric(predictions, y_val) -> float``.
+    """
+
+    def __init__(
+        self,
+        callback: Callable[[IterationInfo], bool | None] | None = None,
+        progress: bool = False,
+        validation: tuple[Tensor, Tensor] | None = None,
+        metric: Callable[[Tensor, Tensor], float] | None = None,
+    ):
+        self.callback = callback
+        self.progress = progress
+        self.validation = validation
+        self.metric = metric or _mse
+        self.history: list[IterationInfo] = []
+        self._start: float | None = None
+        self._bar = None
+
+    @property
+    def wants_predictor(self) -> bool:
+        """Whether :meth:`step` will use a predictor (skip building one otherwise)."""
+        return self.validation is not None
+
+    def start(self, total: int | None = None, desc: str = "kgp") -> None:
+        """Start the clock (and the bar with ``total`` steps); called by the solver before iterating."""
+        self._start = time.perf_counter()
+        self.history = []
+        if self.progress:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=total, desc=desc, leave=False)
+
+    def step(self, iteration: int, predictor=None, **extras: Any) -> bool:
+        """Report one iteration; return True if the solver should stop.
+
+        ``predictor`` may be a predictor or a zero-argument function returning one (built only
+        if validation data are present).
+        """
+        if self._start is None:
+            self.start()
+        metric = None
+        if self.validation is not None and predictor is not None:
+            current = predictor() if callable(predictor) and not hasattr(predictor, "predict") else predictor
+            X_val, y_val = self.validation
+            with torch.no_grad():
+                metric = float(self.metric(current.predict(X_val), y_val))
+        info = IterationInfo(iteration, time.perf_counter() - self._start, metric, dict(extras))
+        self.history.append(info)
+        if self._bar is not None:
+            self._bar.update(1)
+            if metric is not None:
+                self._bar.set_postfix(metric=f"{metric:.4g}")
+        stop = bool(self.callback(info)) if self.callback is not None else False
+        return stop
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+def _mse(pred: Tensor, target: Tensor) -> float:
+    return float(((pred.reshape(target.shape) - target) ** 2).mean())

@@ -1,0 +1,107 @@
+"""Global settings, used as context managers (the GPyTorch / linear_operator style).
+
+Every setting has a process-wide default, can be overridden by an environment variable
+read once at import, and can be changed for a block of code::
+
+    with kgp.settings.memory_budget(256 * 2**20):
+        model.fit(X, y)
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from typing import Iterator
+
+_MIB = 2**20
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(float(raw))
+    except ValueError as exc:
+        raise ValueError(f"environment variable {name}={raw!r}: expected an integer") from exc
+    if value <= 0:
+        raise ValueError(f"environment variable {name}={raw!r}: expected a positive integer")
+    return value
+
+
+class _Setting:
+    """A value with a default and a context manager that overrides it temporarily."""
+
+    def __init__(self, name: str, default, validate):
+        self.name = name
+        self._validate = validate
+        self._value = validate(default)
+
+    def value(self):
+        return self._value
+
+    def set(self, value) -> None:
+        """Set the value for the rest of the process."""
+        self._value = self._validate(value)
+
+    @contextmanager
+    def __call__(self, value) -> Iterator[None]:
+        previous = self._value
+        self._value = self._validate(value)
+        try:
+            yield
+        finally:
+            self._value = previous
+
+
+def _positive_int(name: str):
+    def check(value):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name}: expected a positive integer, got {value!r}")
+        return value
+
+    return check
+
+
+def _optional_positive_int(name: str):
+    strict = _positive_int(name)
+
+    def check(value):
+        return None if value is None else strict(value)
+
+    return check
+
+
+def _choice(name: str, choices: tuple[str, ...]):
+    def check(value):
+        if value not in choices:
+            raise ValueError(f"{name}: expected one of {choices}, got {value!r}")
+        return value
+
+    return check
+
+
+memory_budget = _Setting(
+    "memory_budget",
+    _env_int("KGP_MEMORY_BUDGET", 512 * _MIB),
+    _positive_int("memory_budget"),
+)
+"""Bytes that one kernel product may use for kernel blocks (default 512 MiB, env ``KGP_MEMORY_BUDGET``).
+
+The block loop sizes its row blocks so that the kernel-block buffers stay under this budget;
+it is also the ceiling for keeping a whole K(X, Z) in memory (see :data:`kernel_cache`)."""
+
+block_rows = _Setting("block_rows", None, _optional_positive_int("block_rows"))
+"""Force the number of rows per kernel block (``None``: chosen from the budget and cache size)."""
+
+kernel_cache = _Setting(
+    "kernel_cache", os.environ.get("KGP_KERNEL_CACHE", "never"), _choice("kernel_cache", ("never", "auto"))
+)
+"""Whether a kernel operator may keep its whole matrix in memory after the first product.
+
+``"never"`` (default): recompute blocks on every product. ``"auto"``: keep K(X, Z) when
+``n * M * itemsize`` fits :data:`memory_budget`. See docs/backend.md for the measurement behind
+the default (at small d, recomputing is as fast as reading a stored matrix)."""
+
+max_exact_size = _Setting("max_exact_size", _env_int("KGP_MAX_EXACT_SIZE", 20_000), _positive_int("max_exact_size"))
+"""Largest n for which dense O(n^2)-memory routines (exact solver, exact leverage scores) run."""

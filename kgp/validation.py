@@ -1,0 +1,130 @@
+"""Early, explicit checks of user input: every error names the argument and what was expected."""
+
+from __future__ import annotations
+
+import math
+from numbers import Integral, Real
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+__all__ = [
+    "check_positive",
+    "check_n_centers",
+    "resolve_dtype",
+    "to_tensor",
+]
+
+_FLOAT_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def resolve_dtype(dtype: Any) -> torch.dtype | None:
+    """Map ``None``, ``"float32"``, ``"float64"``, ``torch.float32/64`` or ``numpy.float32/64`` to a torch dtype."""
+    if dtype is None:
+        return None
+    if isinstance(dtype, torch.dtype):
+        if dtype in (torch.float32, torch.float64):
+            return dtype
+    else:
+        try:
+            name = np.dtype(dtype).name
+        except TypeError:
+            name = None
+        if name in _FLOAT_DTYPES:
+            return _FLOAT_DTYPES[name]
+    raise TypeError(f"dtype: expected None, 'float32' or 'float64', got {dtype!r}")
+
+
+def check_positive(value: Any, name: str) -> float:
+    """Return ``value`` as a float if it is a finite number > 0, else raise ValueError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise ValueError(f"{name}: expected a positive number, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name}: expected a finite positive number, got {value!r}")
+    return value
+
+
+def check_n_centers(value: Any, n: int | None = None) -> int | None:
+    """Validate ``n_centers``: None, or an integer in [1, n]."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise ValueError(f"n_centers: expected a positive integer or None, got {value!r}")
+    value = int(value)
+    if value < 1:
+        raise ValueError(f"n_centers: expected a positive integer, got {value}")
+    if n is not None and value > n:
+        raise ValueError(f"n_centers: expected at most n_samples={n} centers, got {value}")
+    return value
+
+
+def to_tensor(
+    data: Any,
+    name: str,
+    *,
+    ndim: tuple[int, ...],
+    dtype: torch.dtype | None,
+    device: torch.device | str | None,
+    allow_int: bool = True,
+) -> Tensor:
+    """Convert a numpy array / torch tensor / nested list to a checked floating tensor.
+
+    Parameters
+    ----------
+    data:
+        The user's input.
+    name:
+        Argument name used in error messages (``"X"``, ``"y"``...).
+    ndim:
+        Allowed numbers of dimensions.
+    dtype:
+        Target dtype; None keeps a float32/float64 input's dtype and maps integers to float64.
+    device:
+        Target device; None keeps a tensor's device (CPU for numpy).
+    allow_int:
+        Whether integer / boolean input is accepted (converted to ``dtype`` or float64).
+
+    Raises
+    ------
+    TypeError
+        float16 / bfloat16 / complex / non-numeric input.
+    ValueError
+        Wrong number of dimensions, empty input, NaN or infinity.
+    """
+    if isinstance(data, Tensor):
+        tensor = data.detach()
+    else:
+        try:
+            array = np.asarray(data)
+        except Exception as exc:  # ragged lists and the like
+            raise TypeError(f"{name}: expected an array or tensor, got {type(data).__name__}") from exc
+        if array.dtype.kind not in "biuf":
+            raise TypeError(f"{name}: expected a numeric array, got dtype {array.dtype}")
+        if array.dtype == np.float16:
+            raise TypeError(f"{name}: float16 is not supported; use float32 or float64")
+        tensor = torch.from_numpy(np.ascontiguousarray(array))
+    if tensor.dtype in (torch.float16, torch.bfloat16):
+        raise TypeError(f"{name}: {tensor.dtype} is not supported; use float32 or float64")
+    if tensor.is_complex():
+        raise TypeError(f"{name}: complex values are not supported")
+    is_float = tensor.dtype in (torch.float32, torch.float64)
+    if not is_float and not allow_int:
+        raise TypeError(f"{name}: expected floating-point values, got {tensor.dtype}")
+    if tensor.dim() not in ndim:
+        shapes = " or ".join(f"{d}-D" for d in ndim)
+        hint = " (reshape a single feature with X.reshape(-1, 1))" if name.startswith("X") and tensor.dim() == 1 else ""
+        raise ValueError(f"{name}: expected a {shapes} array, got shape {tuple(tensor.shape)}{hint}")
+    if tensor.numel() == 0 or tensor.shape[0] == 0:
+        raise ValueError(f"{name}: expected a non-empty array, got shape {tuple(tensor.shape)}")
+    if tensor.dim() == 2 and tensor.shape[1] == 0:
+        raise ValueError(f"{name}: expected at least one column, got shape {tuple(tensor.shape)}")
+    target = dtype or (tensor.dtype if is_float else torch.float64)
+    tensor = tensor.to(device=device if device is not None else tensor.device, dtype=target)
+    if is_float or target != tensor.dtype:
+        if not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise ValueError(f"{name}: contains {bad} NaN or infinite value(s)")
+    return tensor

@@ -1,0 +1,1 @@
+"""Placeholder: the bless plugin is being written (registers nothing yet)."""

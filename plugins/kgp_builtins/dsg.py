@@ -1,0 +1,1 @@
+"""Placeholder: the dsg plugin is being written (registers nothing yet)."""

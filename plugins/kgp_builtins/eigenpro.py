@@ -1,0 +1,1 @@
+"""Placeholder: the eigenpro plugin is being written (registers nothing yet)."""

@@ -1,0 +1,1 @@
+"""Placeholder: the falkon plugin is being written (registers nothing yet)."""
