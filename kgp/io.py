@@ -93,11 +93,11 @@ def load(path: str | os.PathLike, *, device: str | torch.device | None = None):
     if state["estimator"] not in estimators:
         raise ValueError(f"{path}: unknown estimator {state['estimator']!r}")
     params = dict(state["params"])
-    kernel = kernel_from_spec(state["kernel_spec"])
-    kernel.load_state_dict(state["kernel_state"])
     dtype = getattr(torch, params.pop("dtype"))
     device = torch.device(device) if device is not None else torch.device("cpu")
-    kernel = kernel.to(device=device, dtype=dtype)
+    # convert before loading: a float32 kernel would round float64 hyperparameters
+    kernel = kernel_from_spec(state["kernel_spec"]).to(device=device, dtype=dtype)
+    kernel.load_state_dict(state["kernel_state"])
     model = estimators[state["estimator"]](**{k: v for k, v in params.items() if k != "kernel"})
     model.kernel = params["kernel"] if params["kernel"] is not None else kernel
     model.dtype = dtype

@@ -119,7 +119,7 @@ class Registry:
             self._dists[ep.name] = (dist, ep.dist.version if ep.dist is not None else None)
         return pm
 
-    def _collect(self) -> dict[tuple[str, str], PluginInfo]:
+    def _collect(self, warn: bool = True) -> dict[tuple[str, str], PluginInfo]:
         if self._entries is not None:
             return self._entries
         entries: dict[tuple[str, str], PluginInfo] = {}
@@ -144,7 +144,7 @@ class Registry:
                         entries[key] = info
 
                 impl.function(register=add)
-        for key, infos in conflicts.items():
+        for key, infos in conflicts.items() if warn else ():
             warnings.warn(_conflict_message(key, infos), RuntimeWarning, stacklevel=3)
         self._entries, self._conflicts = entries, conflicts
         return entries
@@ -163,7 +163,7 @@ class Registry:
         self.pm.register(plugin, name=name)
         self._dists[name] = (None, None)
         self._entries = None
-        self._collect()
+        self._collect(warn=False)
         clash = [key for key in self._conflicts if any(i.plugin == name for i in self._conflicts[key])]
         if clash:
             infos = self._conflicts[clash[0]]

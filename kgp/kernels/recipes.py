@@ -149,8 +149,15 @@ class KernelRecipe:
         return a.addcmul_(a, a, value=1.0 / 3.0).add_(1.0).mul_(spare)
 
     # ------------------------------------------------------------------ differentiable path
-    def dense(self, x: Tensor, z: Tensor, hypers: tuple[Tensor, ...], kernel) -> Tensor:
-        """Differentiable, allocating evaluation of the scaled kernel block k(x, z)."""
+    def dense(
+        self, x: Tensor, z: Tensor, hypers: tuple[Tensor, ...], kernel, diag_offset: int | None = None
+    ) -> Tensor:
+        """Differentiable, allocating evaluation of the scaled kernel block k(x, z).
+
+        ``diag_offset`` (stationary families, rows of K(X, X)): column of the block's first diagonal
+        entry, where the squared distance is set to exactly 0 (the expanded form leaves rounding noise
+        there, which the square root of the Matern 1/2 kernel amplifies to ~sqrt(eps)).
+        """
         if self.family == "generic":
             return _generic_block(kernel, self.param_names, hypers, x, z, diag=False)
         shape, scale = self.split(hypers)
@@ -160,6 +167,12 @@ class KernelRecipe:
             center = v.mean(dim=0, keepdim=True).detach()
             u, v = u - center, v - center
             d2 = (u.pow(2).sum(1, keepdim=True) + v.pow(2).sum(1).unsqueeze(0) - 2.0 * u @ v.T).clamp_min(0.0)
+            if diag_offset is not None:
+                i = torch.arange(d2.shape[0], device=d2.device)
+                keep = (i + diag_offset) < d2.shape[1]
+                mask = torch.zeros(d2.shape, dtype=torch.bool, device=d2.device)
+                mask[i[keep], i[keep] + diag_offset] = True
+                d2 = d2.masked_fill(mask, 0.0)
             block = self._from_sq_dist(d2)
         elif self.family == "linear":
             block = (x * shape.reshape(1, 1)) @ z.T

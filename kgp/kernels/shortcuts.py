@@ -32,7 +32,9 @@ def make_kernel(name: str, lengthscale: float | None = 1.0, *, n_features: int |
         raise ValueError(f"kernel: unknown shortcut {name!r}; expected a gpytorch kernel or one of {KERNEL_SHORTCUTS}")
     key = name.lower()
     if key == "linear":
-        return gpytorch.kernels.LinearKernel()
+        kernel = gpytorch.kernels.LinearKernel()
+        kernel.variance = 1.0  # GPyTorch initialises softplus(0) = 0.69; the shortcut means plain x . z
+        return kernel
     if lengthscale is not None:
         if isinstance(lengthscale, bool) or not isinstance(lengthscale, (int, float)) or not lengthscale > 0:
             raise ValueError(f"lengthscale: expected a positive number, got {lengthscale!r}")

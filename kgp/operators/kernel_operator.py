@@ -1,10 +1,25 @@
-"""The lazy kernel matrix K(X, Z) that every solver in kgp multiplies with."""
+"""The lazy kernel matrix K(X, Z) that every solver in kgp multiplies with.
+
+Design (docs/backend.md):
+
+* Every product is a loop over row blocks of ``x1`` (:meth:`KernelOperator.blocks`), the separable
+  unit a sharded backend would split across ranks: K v writes disjoint output rows, K^T u and
+  K^T (K v + w) sum per-block partial products.
+* Block sizes come from :func:`~kgp.operators.blocks.plan_block_rows` (``kgp.settings.memory_budget``,
+  ``kgp.settings.block_rows``).
+* Without autograd, fast families fill one reused buffer in place (:meth:`KernelRecipe.fill`).
+  With autograd, ``op @ v`` goes through linear_operator's ``Matmul`` function, whose forward is the
+  fast path and whose backward calls :meth:`KernelOperator._bilinear_derivative`, which recomputes one
+  differentiable block at a time, so the autograd graph never holds more than one block.
+"""
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import gpytorch
 import torch
-from linear_operator.operators import BatchRepeatLinearOperator, LinearOperator
+from linear_operator.operators import LinearOperator
 from torch import Tensor
 
 from .. import settings
@@ -12,6 +27,10 @@ from ..kernels.recipes import KernelRecipe, recipe_for
 from .blocks import plan_block_rows, row_slices
 
 __all__ = ["KernelOperator", "kernel_operator"]
+
+_SUPPORTED_DTYPES = (torch.float32, torch.float64)
+# Block-sized temporaries alive at once in the differentiable path (kept by autograd per block).
+_GRAD_BUFFERS = 8
 
 
 def kernel_operator(kernel: gpytorch.kernels.Kernel, x1: Tensor, x2: Tensor | None = None) -> KernelOperator:
@@ -24,7 +43,7 @@ def kernel_operator(kernel: gpytorch.kernels.Kernel, x1: Tensor, x2: Tensor | No
         ScaleKernel around any of them use the fast in-place path; others fall back to the
         kernel's own ``forward`` on blocks.
     x1:
-        Row inputs, ``n x d``.
+        Row inputs, ``n x d`` (float32 or float64, any device).
     x2:
         Column inputs, ``m x d``; ``None`` means ``x1`` (a square, symmetric operator).
 
@@ -32,7 +51,21 @@ def kernel_operator(kernel: gpytorch.kernels.Kernel, x1: Tensor, x2: Tensor | No
     -------
     KernelOperator
         An ``n x m`` :class:`linear_operator.LinearOperator`; nothing n x m is allocated.
+
+    Raises
+    ------
+    TypeError
+        If ``kernel`` is not a GPyTorch kernel or an input is not a float32/float64 tensor.
+    ValueError
+        If the inputs are not 2-D, differ in feature count, dtype or device.
     """
+    for name, x in (("x1", x1), ("x2", x2)):
+        if x is None and name == "x2":
+            continue
+        if not torch.is_tensor(x):
+            raise TypeError(f"kernel_operator: {name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dtype not in _SUPPORTED_DTYPES:
+            raise TypeError(f"kernel_operator: {name} must be float32 or float64, got {x.dtype}")
     x2 = x1 if x2 is None else x2
     recipe, hypers = recipe_for(kernel)
     hypers = tuple(h.to(device=x1.device, dtype=x1.dtype) for h in hypers)
@@ -45,8 +78,8 @@ class KernelOperator(LinearOperator):
     Products stream over row blocks of ``x1`` sized by :func:`~kgp.operators.blocks.plan_block_rows`
     (the memory budget in :mod:`kgp.settings`), reusing one block buffer across blocks and across
     calls. Without autograd the block is computed in place (one GEMM on augmented inputs, then the
-    nonlinearity); with autograd (any representation tensor requiring grad) a differentiable,
-    allocating formula is used instead.
+    nonlinearity). Gradients with respect to the representation tensors (``x1``, ``x2``, the
+    hyperparameters) are computed block by block in :meth:`_bilinear_derivative`.
 
     Parameters
     ----------
@@ -60,6 +93,9 @@ class KernelOperator(LinearOperator):
         How to evaluate the kernel.
     transposed:
         Represent ``K(x1, x2)^T`` (``m x n``) while still streaming over ``x1``.
+    batch_shape:
+        Leading batch dimensions of a broadcast view (every batch entry is the same matrix). Only
+        linear_operator's own batch algebra creates these; solvers use 2-D operators.
     """
 
     def __init__(
@@ -70,6 +106,7 @@ class KernelOperator(LinearOperator):
         kernel: gpytorch.kernels.Kernel,
         recipe: KernelRecipe,
         transposed: bool = False,
+        batch_shape: tuple[int, ...] = (),
     ):
         if x1.dim() != 2 or x2.dim() != 2:
             raise ValueError(
@@ -78,27 +115,44 @@ class KernelOperator(LinearOperator):
         if x1.shape[1] != x2.shape[1]:
             raise ValueError(f"KernelOperator: x1 has {x1.shape[1]} features but x2 has {x2.shape[1]}")
         if x1.dtype != x2.dtype or x1.device != x2.device:
-            raise ValueError("KernelOperator: x1 and x2 must share dtype and device")
-        super().__init__(x1, x2, *hypers, kernel=kernel, recipe=recipe, transposed=transposed)
+            raise ValueError(
+                f"KernelOperator: x1 and x2 must share dtype and device, got {x1.dtype}/{x1.device} "
+                f"and {x2.dtype}/{x2.device}"
+            )
+        batch_shape = tuple(int(s) for s in batch_shape)
+        super().__init__(
+            x1, x2, *hypers, kernel=kernel, recipe=recipe, transposed=transposed, batch_shape=batch_shape
+        )
         self.x1 = x1
         self.x2 = x2
         self.hypers = tuple(hypers)
         self.kernel = kernel
         self.recipe = recipe
         self.transposed = transposed
+        self.batch_shape_ = batch_shape
         self._cache: dict = {}
+
+    def _view(self, *, transposed: bool | None = None, batch_shape: tuple[int, ...] | None = None) -> KernelOperator:
+        """Same matrix, other orientation / batch view; shares prepared inputs, buffers and stored K."""
+        out = KernelOperator(
+            self.x1,
+            self.x2,
+            *self.hypers,
+            kernel=self.kernel,
+            recipe=self.recipe,
+            transposed=self.transposed if transposed is None else transposed,
+            batch_shape=self.batch_shape_ if batch_shape is None else batch_shape,
+        )
+        out._cache = self._cache
+        return out
 
     # ------------------------------------------------------------------ structure
     def _size(self) -> torch.Size:
         n, m = self.x1.shape[0], self.x2.shape[0]
-        return torch.Size((m, n) if self.transposed else (n, m))
+        return torch.Size((*self.batch_shape_, *((m, n) if self.transposed else (n, m))))
 
     def _transpose_nonbatch(self) -> KernelOperator:
-        out = KernelOperator(
-            self.x1, self.x2, *self.hypers, kernel=self.kernel, recipe=self.recipe, transposed=not self.transposed
-        )
-        out._cache = self._cache  # same matrix: share prepared inputs, buffers and any stored K
-        return out
+        return self._view(transposed=not self.transposed)
 
     @property
     def shape_nm(self) -> tuple[int, int]:
@@ -113,6 +167,13 @@ class KernelOperator(LinearOperator):
     def _scale(self) -> Tensor | None:
         _, scale = self.recipe.split(self.hypers)
         return None if scale is None else scale.reshape(())
+
+    def _same_inputs(self) -> bool:
+        """Whether x1 and x2 hold the same points (K(X, X)); then the diagonal is k(x, x) exactly."""
+        if "same" not in self._cache:
+            x1, x2 = self.x1, self.x2
+            self._cache["same"] = x1 is x2 or (x1.shape == x2.shape and bool(torch.equal(x1, x2)))
+        return self._cache["same"]
 
     # ------------------------------------------------------------------ fast path pieces
     def _fast(self) -> bool:
@@ -144,66 +205,118 @@ class KernelOperator(LinearOperator):
                 return full[rows]
             return self.recipe.prepare_rows(self.x1[rows], self.hypers, self._center())
 
-    def block_rows(self) -> int:
-        """Rows per block under the current memory budget."""
+    def _buffers_per_row(self, differentiable: bool = False) -> int:
+        if self.recipe.family == "generic":
+            # a generic forward may build b x m x d temporaries (e.g. PeriodicKernel's differences)
+            return 4 + self.x1.shape[1]
+        return _GRAD_BUFFERS if differentiable else self.recipe.buffers_needed
+
+    def block_rows(self, differentiable: bool = False) -> int:
+        """Rows per block under the current memory budget (and ``kgp.settings.block_rows``).
+
+        Parameters
+        ----------
+        differentiable:
+            Size blocks for the autograd path, which keeps several block-sized temporaries alive.
+        """
         n, m = self.shape_nm
-        return plan_block_rows(n, m, self.x1.element_size(), self.recipe.buffers_needed)
+        return plan_block_rows(n, m, self.x1.element_size(), self._buffers_per_row(differentiable))
 
     def _buffers(self, rows: int) -> tuple[Tensor, Tensor | None]:
         m = self.x2.shape[0]
         key = ("buffers", rows, m, self.x1.dtype, self.x1.device)
         if key not in self._cache:
-            self._cache = {k: v for k, v in self._cache.items() if not (isinstance(k, tuple) and k[0] == "buffers")}
+            # drop buffers of another block size first, so at most one set is alive
+            for k in [k for k in self._cache if isinstance(k, tuple) and k[0] == "buffers"]:
+                del self._cache[k]
             main = torch.empty(rows, m, dtype=self.x1.dtype, device=self.x1.device)
             spare = torch.empty_like(main) if self.recipe.buffers_needed > 1 else None
             self._cache[key] = (main, spare)
         return self._cache[key]
 
+    def _scratch(self, rows: int, k: int) -> Tensor:
+        """A reused ``rows x k`` buffer for the per-block inner product of :meth:`fused_matmul`."""
+        buf = self._cache.get("scratch")
+        if buf is None or buf.shape[0] < rows or buf.shape[1] != k or buf.dtype != self.x1.dtype:
+            buf = torch.empty(rows, k, dtype=self.x1.dtype, device=self.x1.device)
+            self._cache["scratch"] = buf
+        return buf
+
     def _stored(self) -> Tensor | None:
-        """The whole unscaled K(x1, x2), if the cache setting allows and it fits the budget."""
+        """The whole unscaled K(x1, x2), if ``kernel_cache="auto"`` and it fits the memory budget."""
         if "stored" in self._cache:
             return self._cache["stored"]
-        if settings.kernel_cache.value() != "auto":
+        if settings.kernel_cache.value() != "auto" or self.recipe.family == "generic":
             return None
         n, m = self.shape_nm
         if n * m * self.x1.element_size() > settings.memory_budget.value():
             return None
         stored = torch.empty(n, m, dtype=self.x1.dtype, device=self.x1.device)
-        for rows, block in self.blocks():
-            stored[rows] = block
+        with settings.kernel_cache("never"):
+            for rows, block in self.blocks():
+                stored[rows] = block
         self._cache["stored"] = stored
         return stored
 
-    def blocks(self, start: int = 0, stop: int | None = None):
+    def blocks(self, start: int = 0, stop: int | None = None) -> Iterator[tuple[slice, Tensor]]:
         """Yield ``(row_slice, block)`` with the **unscaled** kernel block for rows of ``x1``.
 
         The block is a view of a reused buffer: consume it before advancing the iterator. This is
         the separable unit of the backend (a sharded version hands each rank its own range).
+        Multiply by :meth:`outputscale` for the scaled kernel. No autograd.
+
+        Parameters
+        ----------
+        start, stop:
+            Row range of ``x1`` to cover (default: all rows).
         """
         n, _ = self.shape_nm
         stop = n if stop is None else stop
+        if not 0 <= start <= stop <= n:
+            raise ValueError(f"blocks: expected 0 <= start <= stop <= {n}, got start={start}, stop={stop}")
+        if self.recipe.family == "generic":
+            yield from self._generic_blocks(start, stop)
+            return
         rows_per_block = self.block_rows()
         main, spare = self._buffers(rows_per_block)
         cols = self._cols()
+        fix_diagonal = self.recipe.is_stationary and self._same_inputs()
         with torch.no_grad():
             for rows in row_slices(start, stop, rows_per_block):
                 b = rows.stop - rows.start
                 out = main[:b]
                 self.recipe.fill(self._rows(rows), cols, out, None if spare is None else spare[:b])
+                if fix_diagonal:
+                    # k(x, x) = 1 exactly; the augmented GEMM leaves ~sqrt(eps) there for Matern 1/2
+                    out.diagonal(offset=rows.start).fill_(1.0)
                 yield rows, out
+
+    def _generic_blocks(self, start: int, stop: int) -> Iterator[tuple[slice, Tensor]]:
+        scale = self._scale()
+        with torch.no_grad():
+            for rows in row_slices(start, stop, self.block_rows()):
+                block = self._dense_rows(rows)
+                yield rows, (block if scale is None else block.div_(scale))
+
+    def outputscale(self) -> Tensor | None:
+        """The ScaleKernel factor that :meth:`blocks` leaves out (``None`` if unscaled)."""
+        scale = self._scale()
+        return None if scale is None else scale.detach()
 
     # ------------------------------------------------------------------ streaming products
     def _product_dtype_check(self, rhs: Tensor) -> None:
         if rhs.dtype != self.x1.dtype:
             raise TypeError(f"KernelOperator: right-hand side has dtype {rhs.dtype}, operator has {self.x1.dtype}")
+        if rhs.device != self.x1.device:
+            raise ValueError(f"KernelOperator: right-hand side is on {rhs.device}, operator on {self.x1.device}")
 
     def _k_matmul(self, v: Tensor) -> Tensor:
         """K(x1, x2) v for ``v`` of shape ``m x k``."""
         n, _ = self.shape_nm
-        scale = self._scale()
         if not self._fast():
-            parts = [self._dense_rows(rows) @ v for rows in row_slices(0, n, self.block_rows())]
+            parts = [self._dense_rows(rows) @ v for rows in row_slices(0, n, self.block_rows(True))]
             return torch.cat(parts, dim=0)
+        scale = self._scale()
         stored = self._stored()
         if stored is not None:
             out = stored @ v
@@ -216,13 +329,13 @@ class KernelOperator(LinearOperator):
     def _k_t_matmul(self, u: Tensor) -> Tensor:
         """K(x1, x2)^T u for ``u`` of shape ``n x k``."""
         n, m = self.shape_nm
-        scale = self._scale()
         if not self._fast():
             acc = None
-            for rows in row_slices(0, n, self.block_rows()):
+            for rows in row_slices(0, n, self.block_rows(True)):
                 part = self._dense_rows(rows).T @ u[rows]
                 acc = part if acc is None else acc + part
-            return acc
+            return acc if acc is not None else u.new_zeros(m, u.shape[1])
+        scale = self._scale()
         stored = self._stored()
         if stored is not None:
             out = stored.T @ u
@@ -235,6 +348,9 @@ class KernelOperator(LinearOperator):
     def fused_matmul(self, v: Tensor, w: Tensor | None = None) -> Tensor:
         r"""Compute :math:`K^\top (K v + w)` in one pass over the rows of ``x1`` (FALKON's hot loop).
 
+        This is the product ``K_nM^T (K_nM u + v)`` of FALKON's Algorithm 1 (``KnM_times_vector``,
+        Rudi et al. 2017): each row block of K is formed once and used for both products.
+
         Parameters
         ----------
         v:
@@ -245,37 +361,47 @@ class KernelOperator(LinearOperator):
         Returns
         -------
         Tensor
-            ``m x k`` (``m`` for vector input), with K = K(x1, x2) regardless of ``transposed``.
+            ``m x k`` (``m`` for vector input), with K = K(x1, x2) regardless of ``transposed``
+            or a batch view. Differentiable with respect to ``v``, ``w`` and the representation
+            tensors when autograd is on.
         """
         vector = v.dim() == 1
         v2 = v.unsqueeze(-1) if vector else v
         w2 = None if w is None else (w.unsqueeze(-1) if w.dim() == 1 else w)
         n, m = self.shape_nm
-        if v2.shape[0] != m or (w2 is not None and w2.shape != (n, v2.shape[1])):
+        if v2.dim() != 2 or v2.shape[0] != m or (w2 is not None and w2.shape != (n, v2.shape[1])):
             raise ValueError(
                 f"fused_matmul: expected v of shape ({m}, k) and w of shape ({n}, k), got "
                 f"{tuple(v.shape)} and {None if w is None else tuple(w.shape)}"
             )
         self._product_dtype_check(v2)
-        if not self._fast():
-            kv = self._k_matmul(v2)
-            out = self._k_t_matmul(kv if w2 is None else kv + w2)
-        else:
-            scale = self._scale()
+        if w2 is not None:
+            self._product_dtype_check(w2)
+        grads = torch.is_grad_enabled() and (
+            self._needs_grad() or v2.requires_grad or (w2 is not None and w2.requires_grad)
+        )
+        if grads or self.recipe.family == "generic":
+            # Matmul's backward streams blocks (_bilinear_derivative): memory stays per block.
+            base = self._view(transposed=False, batch_shape=())
+            kv = base.matmul(v2)
+            out = base._transpose_nonbatch().matmul(kv if w2 is None else kv + w2)
+            return out.squeeze(-1) if vector else out
+        scale = self._scale()
+        with torch.no_grad():
+            # fold the outputscale into v: one m x k product instead of one per block
+            vs = v2 if scale is None else v2 * scale
             stored = self._stored()
             if stored is not None:
-                inner = stored @ v2
-                if scale is not None:
-                    inner.mul_(scale)
+                inner = stored @ vs
                 if w2 is not None:
                     inner.add_(w2)
                 out = stored.T @ inner
             else:
                 out = torch.zeros(m, v2.shape[1], dtype=v2.dtype, device=v2.device)
+                scratch = self._scratch(self.block_rows(), v2.shape[1])
                 for rows, block in self.blocks():
-                    inner = block @ v2
-                    if scale is not None:
-                        inner.mul_(scale)
+                    inner = scratch[: rows.stop - rows.start]
+                    torch.mm(block, vs, out=inner)
                     if w2 is not None:
                         inner.add_(w2[rows])
                     out.addmm_(block.T, inner)
@@ -296,16 +422,72 @@ class KernelOperator(LinearOperator):
         out = self._k_t_matmul(cols) if self.transposed else self._k_matmul(cols)
         if batch:
             out = out.reshape(out.shape[0], *batch, mat.shape[-1]).movedim(0, -2)
+        if self.batch_shape_:
+            full = torch.broadcast_shapes(self.batch_shape_, batch)
+            out = out.expand(*full, *out.shape[-2:])
         return out.squeeze(-1) if vector else out
 
     def _t_matmul(self, rhs: Tensor) -> Tensor:
         return self._transpose_nonbatch()._matmul(rhs)
 
+    def _bilinear_derivative(self, left_vecs: Tensor, right_vecs: Tensor) -> tuple[Tensor | None, ...]:
+        r"""Gradients of :math:`\sum_i u_i^\top K v_i` w.r.t. ``(x1, x2, *hypers)``, one row block at a time.
+
+        Each block of K is recomputed with autograd and differentiated at once, so the memory
+        stays at one block (the default would keep every block of the product in the graph).
+        """
+        args = (self.x1, self.x2, *self.hypers)
+        wants = [a.requires_grad and a.dtype.is_floating_point for a in args]
+        if not any(wants):
+            return (None,) * len(args)
+        # bring the product to the form sum(L * (K R)), K = K(x1, x2) with batches folded into columns
+        left, right = (right_vecs, left_vecs) if self.transposed else (left_vecs, right_vecs)
+        batch = torch.broadcast_shapes(left.shape[:-2], right.shape[:-2], self.batch_shape_)
+        left = left.expand(*batch, *left.shape[-2:])
+        right = right.expand(*batch, *right.shape[-2:])
+        left = left.movedim(-2, 0).reshape(left.shape[-2], -1)
+        right = right.movedim(-2, 0).reshape(right.shape[-2], -1)
+
+        x1 = self.x1.detach()
+        x2 = self.x2.detach().requires_grad_(wants[1])
+        hypers = tuple(h.detach().requires_grad_(w) for h, w in zip(self.hypers, wants[2:]))
+        grad_x1 = torch.zeros_like(x1) if wants[0] else None
+        grad_rest = [None] * (1 + len(hypers))
+        targets = [x2, *hypers]
+        with torch.enable_grad():
+            for rows in row_slices(0, x1.shape[0], self.block_rows(True)):
+                xr = x1[rows].detach().requires_grad_(wants[0])
+                block = self.recipe.dense(xr, x2, hypers, self.kernel, diag_offset=self._diag_offset(rows))
+                loss = (left[rows] * (block @ right)).sum()
+                inputs = [t for t in (xr, *targets) if t.requires_grad]
+                got = iter(torch.autograd.grad(loss, inputs, allow_unused=True))
+                if wants[0]:
+                    g = next(got)
+                    if g is not None:
+                        grad_x1[rows] = g
+                for i, t in enumerate(targets):
+                    if t.requires_grad:
+                        g = next(got)
+                        if g is not None:
+                            grad_rest[i] = g if grad_rest[i] is None else grad_rest[i] + g
+        out = [grad_x1]
+        for i, t in enumerate(targets):
+            g = grad_rest[i]
+            out.append(torch.zeros_like(t) if (g is None and t.requires_grad) else g)
+        return tuple(out)
+
+    def _diag_offset(self, rows: slice) -> int | None:
+        """Column of the block's first diagonal entry for K(X, X) with a stationary kernel, else None."""
+        if self.recipe.is_stationary and self._same_inputs():
+            return rows.start
+        return None
+
     def _dense_rows(self, rows: slice) -> Tensor:
         """Differentiable scaled block K(x1[rows], x2)."""
-        return self.recipe.dense(self.x1[rows], self.x2, self.hypers, self.kernel)
+        return self.recipe.dense(self.x1[rows], self.x2, self.hypers, self.kernel, diag_offset=self._diag_offset(rows))
 
-    def to_dense(self) -> Tensor:
+    def _matrix(self) -> Tensor:
+        """Dense K(x1, x2) (not transposed, no batch)."""
         if self._fast():
             n, m = self.shape_nm
             out = torch.empty(n, m, dtype=self.x1.dtype, device=self.x1.device)
@@ -314,22 +496,30 @@ class KernelOperator(LinearOperator):
             scale = self._scale()
             if scale is not None:
                 out.mul_(scale)
-        else:
-            out = self.recipe.dense(self.x1, self.x2, self.hypers, self.kernel)
-        return out.T.contiguous() if self.transposed else out
+            return out
+        return self.recipe.dense(self.x1, self.x2, self.hypers, self.kernel, diag_offset=self._diag_offset(slice(0, 0)))
+
+    def to_dense(self) -> Tensor:
+        """The dense matrix (n x m): only for small operators, it allocates the whole matrix."""
+        out = self._matrix()
+        out = out.T.contiguous() if self.transposed else out
+        if self.batch_shape_:
+            out = out.expand(*self.batch_shape_, *out.shape)
+        return out
 
     def _diagonal(self) -> Tensor:
         n, m = self.shape_nm
         if n != m:
             raise RuntimeError(f"diagonal of a non-square {n} x {m} kernel operator")
-        return self.recipe.pairs(self.x1, self.x2, self.hypers, self.kernel)
+        out = self.recipe.pairs(self.x1, self.x2, self.hypers, self.kernel)
+        if self.batch_shape_:
+            out = out.expand(*self.batch_shape_, n)
+        return out
 
     def _get_indices(self, row_index, col_index, *batch_indices):
-        if batch_indices:
-            return super()._get_indices(row_index, col_index, *batch_indices)
         if self.transposed:
             row_index, col_index = col_index, row_index
-        shape = torch.broadcast_shapes(row_index.shape, col_index.shape)
+        shape = torch.broadcast_shapes(row_index.shape, col_index.shape, *(b.shape for b in batch_indices))
         xa = self.x1[row_index.expand(shape)]
         xb = self.x2[col_index.expand(shape)]
         return self.recipe.pairs(xa, xb, self.hypers, self.kernel)
@@ -340,7 +530,7 @@ class KernelOperator(LinearOperator):
             return super()._getitem(row_index, col_index, *batch_indices)
         if self.transposed:
             row_index, col_index = col_index, row_index
-        out = KernelOperator(
+        return KernelOperator(
             self.x1[row_index],
             self.x2[col_index],
             *self.hypers,
@@ -348,14 +538,18 @@ class KernelOperator(LinearOperator):
             recipe=self.recipe,
             transposed=self.transposed,
         )
-        return out
 
-    def _unsqueeze_batch(self, dim: int) -> LinearOperator:
-        return BatchRepeatLinearOperator(self, batch_repeat=torch.Size((1,)))
+    # batch views: every batch entry is the same matrix, so they only change the reported shape
+    def _unsqueeze_batch(self, dim: int) -> KernelOperator:
+        shape = list(self.batch_shape_)
+        shape.insert(dim, 1)
+        return self._view(batch_shape=tuple(shape))
 
-    def _expand_batch(self, batch_shape):
-        return BatchRepeatLinearOperator(self, batch_repeat=torch.Size(batch_shape))
+    def _expand_batch(self, batch_shape) -> KernelOperator:
+        return self._view(batch_shape=tuple(batch_shape))
+
+    def _permute_batch(self, *dims: int) -> KernelOperator:
+        return self._view(batch_shape=tuple(self.batch_shape_[d] for d in dims))
 
     def __repr__(self) -> str:
-        n, m = self.shape
-        return f"KernelOperator({n} x {m}, family={self.recipe.family}, dtype={self.dtype})"
+        return f"KernelOperator({' x '.join(map(str, self.shape))}, family={self.recipe.family}, dtype={self.dtype})"

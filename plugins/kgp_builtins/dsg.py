@@ -1,1 +1,619 @@
-"""Placeholder: the dsg plugin is being written (registers nothing yet)."""
+"""Solver ``dsg``: doubly stochastic functional gradients with random features (Dai et al., NIPS 2014).
+
+Implements Algorithms 1 (train) and 2 (predict) of B. Dai, B. Xie, N. He, Y. Liang, A. Raj,
+M.-F. Balcan, L. Song, "Scalable Kernel Methods via Doubly Stochastic Gradients", NIPS 2014, for the
+square loss, with a minibatch of data points and a block of random features per step.
+
+Objective and regularisation (kgp convention, docs/solvers/dsg.md)
+------------------------------------------------------------------
+The paper minimises ``R(f) = E[l(f(x), y)] + (nu / 2) ||f||_H^2`` (Sec. 3). With the loss
+``l(u, y) = (u - y)^2 / 2`` (so ``l'(u, y) = u - y``) and the empirical distribution of n points::
+
+    R(f) = 1/2 [ (1/n) sum_i (f(x_i) - y_i)^2 + nu ||f||_H^2 ]
+
+which is FALKON's objective with ``lambda = nu``. Its minimiser is the GP posterior mean with noise
+variance ``sigma^2 = n nu``, i.e. ``nu = sigma^2 / n = problem.lam`` (``noise / n``).
+
+Update (eq. 6 and Algorithm 1) at step t with minibatch B_t (m points) and r features
+``phi_t(x) = sqrt(2 s / r) cos(omega_t^T x + b_t)`` (Bochner, Thm. 2; s = outputscale)::
+
+    f_{t+1} = (1 - gamma_t nu) f_t - gamma_t (1/m) sum_{j in B_t} (f_t(x_j) - y_j) phi_t(x_j)^T phi_t(.)
+
+so step t appends the coefficient block ``a_t = -gamma_t (1/m) Phi_t(X_B)^T (f_t(X_B) - y_B)``
+(``r x k``) and shrinks every earlier block by ``(1 - gamma_t nu)``. The shrink is kept as one global
+scale (``a_i = S c_i``), so a step costs O(1) for it instead of O(t) (digest section 3.3).
+
+Random features are regenerated from per-step seeds at train and predict time (``omega_t, b_t``
+come from a ``torch.Generator`` seeded with ``seed_t = mix(seed, t)``); the fitted model stores only
+the ``t x r x k`` coefficients and one integer seed: memory O(t r k), independent of d.
+
+Step size ``gamma_t = theta / (t + t0)`` (Thm. 4 uses ``theta / t`` with ``theta nu`` in (1, 2) or a
+positive integer). Default ``theta = 1 / nu`` (``theta nu = 1``). With ``nu = sigma^2 / n`` tiny,
+``theta / 1`` is far above any stable step, so by default the clock starts at ``t0 + 1`` with
+``t0 = theta / gamma_max - 1``: the first step is ``gamma_max`` and the schedule is the paper's
+after a shift of the clock, which leaves the recursion of the paper's proof, and so its O(1/t)
+rate in the shifted clock, unchanged. ``t0 = 0`` gives the paper's schedule exactly.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any, ClassVar, Iterator, Mapping
+
+import gpytorch
+import torch
+from linear_operator.operators import LowRankRootLinearOperator
+from torch import Tensor
+
+import kgp
+from kgp import settings
+from kgp.kernels import recipe_for
+from kgp.plugin import Problem
+
+__all__ = [
+    "DSGSolver",
+    "RandomFeatureExpansion",
+    "RandomFeatureMap",
+    "SpectralSampler",
+    "spectral_sampler",
+    "step_seed",
+]
+
+_MASK64 = (1 << 64) - 1
+_TWO_PI = 2.0 * math.pi
+# Chi-square degrees of freedom 2 nu of the multivariate Student-t spectral density of Matern nu.
+_MATERN_DOF = {"matern12": 1, "matern32": 3, "matern52": 5}
+# Elements of one (rows x features) block of cosines: the cache-friendly size of kgp.operators.blocks.
+_BLOCK_ELEMENTS = 1 << 20
+
+
+# ---------------------------------------------------------------------------------------------- seeds
+def step_seed(seed: int, step: int) -> int:
+    """Seed of step ``step`` (1-based) derived from the model seed by SplitMix64 mixing.
+
+    Distinct steps get unrelated 64-bit seeds; the same (seed, step) always gives the same value,
+    which is what makes Algorithm 2 (predict) regenerate the features Algorithm 1 used.
+    """
+    z = (int(seed) + int(step) * 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+# ---------------------------------------------------------------------------------------------- spectra
+class SpectralSampler:
+    r"""Spectral measure of a shift-invariant GPyTorch kernel (Bochner, Dai et al. Thm. 2).
+
+    ``k(x, x') = s E[2 cos(omega^T x + b) cos(omega^T x' + b)]`` with ``b ~ U[0, 2 pi]`` and
+    ``omega = z / lengthscale`` (per dimension for ARD), where z is drawn from
+
+    - ``rbf``: N(0, I_d) (the density of exp(-||u||^2 / 2));
+    - ``matern12`` / ``matern32`` / ``matern52``: the multivariate Student-t with ``2 nu`` degrees of
+      freedom, ``z = g / sqrt(u / (2 nu))``, ``g ~ N(0, I_d)``, ``u ~ chi^2_{2 nu}`` (one u per
+      feature). The Matern density with Euclidean distance is proportional to
+      ``(2 nu + ||z||^2)^{-(nu + d/2)}`` (Rasmussen & Williams eq. 4.15). For nu = 1/2, GPyTorch's
+      ``exp(-||x - x'|| / l)`` (Euclidean norm), this is the multivariate Cauchy, *not* a product of
+      d one-dimensional Cauchys, which belongs to ``exp(-||x - x'||_1 / l)``.
+
+    Parameters
+    ----------
+    family:
+        ``rbf``, ``matern12``, ``matern32`` or ``matern52``.
+    lengthscale:
+        Length-1 or length-d tensor.
+    outputscale:
+        s = k(x, x).
+    """
+
+    def __init__(self, family: str, lengthscale: Tensor, outputscale: float):
+        if family not in ("rbf", *_MATERN_DOF):
+            raise ValueError(f"SpectralSampler: unknown family {family!r}")
+        self.family = family
+        self.lengthscale = lengthscale.detach().reshape(-1)
+        self.outputscale = float(outputscale)
+
+    def sample(self, seed: int, d: int, r: int) -> tuple[Tensor, Tensor]:
+        """Draw the unscaled frequencies ``z`` (d x r) and phases ``b`` (r) from one seeded generator.
+
+        Always drawn in float64 on the CPU, so the features do not depend on the dtype or device
+        they are later evaluated in.
+        """
+        gen = torch.Generator().manual_seed(int(seed))
+        z = torch.randn(d, r, generator=gen, dtype=torch.float64)
+        b = torch.rand(r, generator=gen, dtype=torch.float64).mul_(_TWO_PI)
+        dof = _MATERN_DOF.get(self.family)
+        if dof is not None:
+            g = torch.randn(dof, r, generator=gen, dtype=torch.float64)
+            u = g.square().sum(dim=0)  # chi^2 with an integer number 2 nu of degrees of freedom
+            z.mul_(torch.rsqrt(u / dof))
+        return z, b
+
+    def scale_inputs(self, X: Tensor) -> Tensor:
+        """``X / lengthscale`` in X's dtype and device (so that ``omega^T x = z^T (x / l)``)."""
+        ls = self.lengthscale.to(device=X.device, dtype=X.dtype)
+        if ls.numel() not in (1, X.shape[1]):
+            raise ValueError(f"kernel lengthscale has {ls.numel()} entries but X has {X.shape[1]} features")
+        return X / ls.reshape(1, -1)
+
+
+def spectral_sampler(kernel: gpytorch.kernels.Kernel) -> SpectralSampler:
+    """Return the spectral sampler of an RBF / Matern(1/2, 3/2, 5/2) kernel, optionally in a ScaleKernel.
+
+    Raises
+    ------
+    TypeError
+        If ``kernel`` is not a GPyTorch kernel.
+    ValueError
+        For a kernel without a spectral sampler (not shift-invariant, other Matern nu, ``active_dims``,
+        batch shapes, sums / products), naming the kernel.
+    """
+    recipe, hypers = recipe_for(kernel)
+    if recipe.family not in ("rbf", *_MATERN_DOF):
+        raise ValueError(
+            f"solver 'dsg': kernel {type(kernel).__name__} has no spectral sampler; random features are "
+            "implemented for RBFKernel (incl. ARD) and MaternKernel(nu=0.5, 1.5, 2.5), optionally wrapped in "
+            "one ScaleKernel, without active_dims or batch shapes"
+        )
+    lengthscale, scale = recipe.split(hypers)
+    return SpectralSampler(recipe.family, lengthscale, 1.0 if scale is None else float(scale.detach().reshape(())))
+
+
+# ---------------------------------------------------------------------------------------------- features
+class RandomFeatureMap:
+    r"""Random Fourier features of steps ``1..n_steps``, regenerated from seeds on every call.
+
+    Block t is ``phi_t(x) = sqrt(2 s / r) cos(omega_t^T x + b_t)`` (r features) with ``omega_t, b_t``
+    drawn from :func:`step_seed` ``(seed, t)``; ``phi_t(x)^T phi_t(x')`` is an unbiased estimate of
+    ``k(x, x')`` (Dai et al. Thm. 2) with variance O(1/r).
+
+    Parameters
+    ----------
+    kernel:
+        GPyTorch RBF / Matern kernel (hyperparameters are read at every call).
+    seed:
+        Model seed.
+    features_per_step:
+        r.
+    n_steps:
+        Number of steps (blocks) T; the map has ``D = T r`` features.
+    """
+
+    def __init__(self, kernel: gpytorch.kernels.Kernel, seed: int, features_per_step: int, n_steps: int):
+        self.kernel = kernel
+        self.seed = int(seed)
+        self.features_per_step = int(features_per_step)
+        self.n_steps = int(n_steps)
+
+    @property
+    def n_features(self) -> int:
+        return self.features_per_step * self.n_steps
+
+    def _groups(self, steps: range, n_rows: int) -> Iterator[range]:
+        """Consecutive step groups whose cosine block (rows x features) stays cache-sized."""
+        per = max(1, _BLOCK_ELEMENTS // max(1, n_rows * self.features_per_step))
+        for start in range(steps.start, steps.stop, per):
+            yield range(start, min(start + per, steps.stop))
+
+    def frequencies(self, sampler: SpectralSampler, steps: range, d: int, like: Tensor) -> tuple[Tensor, Tensor]:
+        """Concatenated ``z`` (d x len(steps) r) and ``b`` for ``steps`` (one generator per step seed)."""
+        zs, bs = [], []
+        for t in steps:
+            z, b = sampler.sample(step_seed(self.seed, t), d, self.features_per_step)
+            zs.append(z)
+            bs.append(b)
+        z = torch.cat(zs, dim=1).to(device=like.device, dtype=like.dtype)
+        b = torch.cat(bs).to(device=like.device, dtype=like.dtype)
+        return z, b
+
+    def _check_steps(self, steps: range | None) -> range:
+        steps = range(1, self.n_steps + 1) if steps is None else steps
+        if not isinstance(steps, range) or steps.step != 1 or (len(steps) and (steps.start < 1)):
+            raise ValueError(f"steps: expected a contiguous range of 1-based step numbers, got {steps!r}")
+        return steps
+
+    def features(self, X: Tensor, steps: range | None = None) -> Tensor:
+        """Return ``Phi = [phi_t(X)]_{t in steps}`` (``n x len(steps) r``), built in row and step blocks.
+
+        ``Phi Phi^T / len(steps)`` is an unbiased estimate of ``K(X, X)`` with ``D = len(steps) r``
+        features.
+        """
+        steps = self._check_steps(steps)
+        sampler = spectral_sampler(self.kernel)
+        n, d = X.shape
+        r = self.features_per_step
+        out = torch.empty(n, len(steps) * r, dtype=X.dtype, device=X.device)
+        amp = math.sqrt(2.0 * sampler.outputscale / r)
+        with torch.no_grad():
+            U = sampler.scale_inputs(X)
+            rows = max(1, min(n, _BLOCK_ELEMENTS // max(1, r)))
+            for group in self._groups(steps, rows):
+                z, b = self.frequencies(sampler, group, d, X)
+                cols = slice((group.start - steps.start) * r, (group.stop - steps.start) * r)
+                for i in range(0, n, rows):
+                    block = torch.addmm(b, U[i : i + rows], z)
+                    out[i : i + rows, cols] = block.cos_().mul_(amp)
+        return out
+
+    def operator(self, X: Tensor, steps: range | None = None) -> LowRankRootLinearOperator:
+        """The random-feature kernel ``K_hat(X, X) = Phi Phi^T / T`` as a linear_operator ``LinearOperator``.
+
+        Its root ``Phi / sqrt(T)`` (``n x T r``) is computed once, blockwise; it must fit
+        ``kgp.settings.memory_budget`` (pass a shorter ``steps`` range otherwise).
+        """
+        steps = self._check_steps(steps)
+        size = X.shape[0] * len(steps) * self.features_per_step * X.element_size()
+        if size > settings.memory_budget.value():
+            raise ValueError(
+                f"steps: the feature matrix would take {size / 2**20:.0f} MiB, above kgp.settings.memory_budget "
+                f"({settings.memory_budget.value() / 2**20:.0f} MiB); pass a shorter range of steps or raise the budget"
+            )
+        root = self.features(X, steps).div_(math.sqrt(max(1, len(steps))))
+        return LowRankRootLinearOperator(root)
+
+    def apply(self, X: Tensor, coef: Tensor, first_step: int = 1) -> Tensor:
+        """``sum_t phi_t(X) coef[t - first_step]`` (Algorithm 2) for ``coef`` of shape ``T' x r x k``.
+
+        Streams over row blocks of X and groups of steps; nothing of size n x D is allocated.
+        """
+        n, d = X.shape
+        T, r, k = coef.shape
+        if r != self.features_per_step:
+            raise ValueError(f"coef: expected {self.features_per_step} features per step, got {r}")
+        out = torch.zeros(n, k, dtype=X.dtype, device=X.device)
+        if T == 0 or n == 0:
+            return out
+        sampler = spectral_sampler(self.kernel)
+        amp = math.sqrt(2.0 * sampler.outputscale / r)
+        steps = range(first_step, first_step + T)
+        with torch.no_grad():
+            U = sampler.scale_inputs(X)
+            rows = max(1, min(n, 8192))
+            for group in self._groups(steps, rows):
+                z, b = self.frequencies(sampler, group, d, X)
+                c = coef[group.start - first_step : group.stop - first_step].reshape(-1, k).to(X)
+                for i in range(0, n, rows):
+                    block = torch.addmm(b, U[i : i + rows], z).cos_()
+                    out[i : i + rows].addmm_(block, c, alpha=amp)
+        return out
+
+
+# ---------------------------------------------------------------------------------------------- predictor
+class RandomFeatureExpansion:
+    r"""``f(x) = sum_{t=1..T} phi_t(x)^T a_t``: the random-feature expansion of Algorithm 2.
+
+    Parameters
+    ----------
+    kernel:
+        The GPyTorch kernel whose spectral measure generates the features.
+    coef:
+        ``T x r x k`` coefficient blocks ``a_t`` (a ``T x r`` tensor is taken as k = 1).
+    seed:
+        Model seed; step t's features come from :func:`step_seed` ``(seed, t)``.
+    schedule:
+        Plain values needed to continue training (``partial_fit``): ``nu``, ``theta``, ``t0``,
+        ``gamma_max``, ``n_seen``.
+
+    Notes
+    -----
+    Memory is ``T r k`` numbers plus a seed, independent of the input dimension; predicting
+    regenerates ``omega_t`` for every step (O(T r d) work on top of the O(n T r d) products).
+    """
+
+    kind: ClassVar[str] = "random_features"
+
+    def __init__(
+        self,
+        kernel: gpytorch.kernels.Kernel,
+        coef: Tensor,
+        seed: int,
+        schedule: Mapping[str, Any] | None = None,
+    ):
+        if coef.dim() == 2:
+            coef = coef.unsqueeze(-1)
+        if coef.dim() != 3:
+            raise ValueError(f"RandomFeatureExpansion: coef must be T x r x k, got shape {tuple(coef.shape)}")
+        self.kernel = kernel
+        self.coef = coef
+        self.seed = int(seed)
+        self.schedule = dict(schedule or {})
+        self.feature_map = RandomFeatureMap(kernel, self.seed, coef.shape[1], coef.shape[0])
+
+    @property
+    def n_steps(self) -> int:
+        return self.coef.shape[0]
+
+    @property
+    def features_per_step(self) -> int:
+        return self.coef.shape[1]
+
+    @property
+    def n_features(self) -> int:
+        """Total number of random features D = T r."""
+        return self.coef.shape[0] * self.coef.shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of model state (the coefficients; the seed and schedule are a few plain numbers)."""
+        return self.coef.numel() * self.coef.element_size()
+
+    def predict(self, X: Tensor) -> Tensor:
+        """Return ``f(X)`` (``n x k``) by regenerating every step's features (Algorithm 2)."""
+        return self.feature_map.apply(X, self.coef.to(X))
+
+    def features(self, X: Tensor, steps: range | None = None) -> Tensor:
+        """Feature matrix ``Phi`` (``n x D``); ``predict(X) == Phi @ coef.reshape(D, k)``."""
+        return self.feature_map.features(X, steps)
+
+    def kernel_operator(self, X: Tensor, steps: range | None = None) -> LowRankRootLinearOperator:
+        """Random-feature approximation ``Phi Phi^T / T`` of ``K(X, X)`` as a ``LinearOperator``."""
+        return self.feature_map.operator(X, steps)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"coef": self.coef.detach().cpu(), "seed": self.seed, "schedule": dict(self.schedule)}
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any], kernel: gpytorch.kernels.Kernel) -> RandomFeatureExpansion:
+        return cls(kernel, state["coef"], int(state["seed"]), state.get("schedule"))
+
+    def to(self, device=None, dtype=None) -> RandomFeatureExpansion:
+        return RandomFeatureExpansion(self.kernel, self.coef.to(device=device, dtype=dtype), self.seed, self.schedule)
+
+    def __repr__(self) -> str:
+        T, r, k = self.coef.shape
+        return f"RandomFeatureExpansion(steps={T}, features_per_step={r}, features={T * r}, outputs={k})"
+
+
+# ---------------------------------------------------------------------------------------------- solver
+def _check_int(options: Mapping[str, Any], name: str, *, allow_none: bool = False, minimum: int = 1) -> int | None:
+    value = options[name]
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        expected = f"an integer >= {minimum}" + (" or None" if allow_none else "")
+        raise ValueError(f"solver 'dsg' option {name}: expected {expected}, got {value!r}")
+    return int(value)
+
+
+def _check_float(options: Mapping[str, Any], name: str, *, auto: str | None = None, zero_ok: bool = False):
+    value = options[name]
+    if value is None or (auto is not None and value == auto):
+        return None
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    if not ok or value < 0 or (value == 0 and not zero_ok):
+        none = f", None or {auto!r}" if auto else ", or None"
+        raise ValueError(f"solver 'dsg' option {name}: expected a {'non-negative' if zero_ok else 'positive'} number{none}, got {value!r}")
+    return float(value)
+
+
+class DSGSolver:
+    r"""Doubly stochastic functional gradient descent (Dai et al. 2014, Algorithms 1-2), square loss.
+
+    Options (defaults in :attr:`option_defaults`; see docs/solvers/dsg.md):
+
+    ``features_per_step`` (64)
+        r, random features drawn per step (one seed per step).
+    ``batch_size`` (256)
+        m, data points per step (sampled without replacement within each pass).
+    ``passes`` (10)
+        Passes over the data in ``fit``; ``partial_fit_passes`` (1) passes over each chunk.
+    ``max_steps`` (None)
+        Cap on the steps of one call.
+    ``nu`` (None)
+        The paper's regulariser; None uses ``noise / n_seen`` (= ``problem.lam`` in ``fit``).
+    ``theta`` (None)
+        Step-size constant; None gives ``theta = 1 / nu`` (``theta nu = 1``, admissible in Thm. 4).
+    ``t0`` ("auto")
+        Clock offset in ``gamma_t = theta / (t + t0)``; "auto" gives ``max(0, theta / gamma_max - 1)``.
+    ``gamma_max`` ("auto")
+        Largest step for "auto" t0: ``1 / (lambda_1 + s / min(m, r))`` with ``lambda_1`` the top
+        eigenvalue of ``K(X_q, X_q) / q`` on q <= 512 random points and s = k(x, x) (see docs).
+    ``seed`` (None)
+        Model seed for the random features; None draws one from ``problem.generator``.
+    ``train_predictions`` ("auto")
+        How f_t(x_j) is evaluated: "recompute" (Algorithm 1 as printed: regenerate all earlier
+        features for the batch, O(t r d m) per step), "cache" (keep f_t on the training points up to
+        date, O(n r d) per step; identical values), "auto" (the cheaper of the two for this call).
+    ``report_every`` (None)
+        Steps between ``monitor.step`` reports; None reports once per pass.
+    """
+
+    option_defaults: dict[str, Any] = {
+        "features_per_step": 64,
+        "batch_size": 256,
+        "passes": 10,
+        "partial_fit_passes": 1,
+        "max_steps": None,
+        "nu": None,
+        "theta": None,
+        "t0": "auto",
+        "gamma_max": "auto",
+        "seed": None,
+        "train_predictions": "auto",
+        "report_every": None,
+    }
+    uses_centers = False
+
+    def fit(self, problem: Problem) -> RandomFeatureExpansion:
+        """Run Algorithm 1 for ``passes`` passes (or ``max_steps`` steps) over ``problem.X``."""
+        return self._run(problem, None, self._options(problem)["passes"])
+
+    def partial_fit(self, problem: Problem, previous: RandomFeatureExpansion | None) -> RandomFeatureExpansion:
+        """Continue from ``previous`` on a new chunk: the step counter, the seed and the schedule carry over.
+
+        ``nu`` defaults to ``noise / n_seen`` with n_seen the points seen so far (this chunk included),
+        so that after the last chunk the objective is that of ``fit`` on all chunks together.
+        """
+        if previous is not None and not isinstance(previous, RandomFeatureExpansion):
+            raise TypeError(f"previous: expected a RandomFeatureExpansion or None, got {type(previous).__name__}")
+        return self._run(problem, previous, self._options(problem)["partial_fit_passes"])
+
+    # ------------------------------------------------------------------------------------------ internals
+    def _options(self, problem: Problem) -> dict[str, Any]:
+        o = problem.options
+        opts = {
+            "features_per_step": _check_int(o, "features_per_step"),
+            "batch_size": _check_int(o, "batch_size"),
+            "passes": _check_int(o, "passes"),
+            "partial_fit_passes": _check_int(o, "partial_fit_passes"),
+            "max_steps": _check_int(o, "max_steps", allow_none=True),
+            "nu": _check_float(o, "nu"),
+            "theta": _check_float(o, "theta"),
+            "t0": _check_float(o, "t0", auto="auto", zero_ok=True),
+            "gamma_max": _check_float(o, "gamma_max", auto="auto"),
+            "seed": _check_int(o, "seed", allow_none=True, minimum=0),
+            "report_every": _check_int(o, "report_every", allow_none=True),
+        }
+        mode = o["train_predictions"]
+        if mode not in ("auto", "cache", "recompute"):
+            raise ValueError(f"solver 'dsg' option train_predictions: expected 'auto', 'cache' or 'recompute', got {mode!r}")
+        opts["train_predictions"] = mode
+        if not problem.X.is_floating_point():
+            raise TypeError(f"X: expected a floating-point tensor, got {problem.X.dtype}")
+        return opts
+
+    def _gamma_max(self, problem: Problem, sampler: SpectralSampler, m: int, r: int) -> float:
+        """``1 / (lambda_1 + s / min(m, r))``: a stable constant step for a batch of m points and r features.
+
+        ``lambda_1`` (top eigenvalue of the covariance operator, estimated by ``K(X_q, X_q) / q``) bounds
+        the curvature of the expected loss; ``s / min(m, r)`` is the extra curvature of one step's
+        rank-r, m-point estimate (each ``||phi_t(x)||^2`` averages s, spread over min(m, r)
+        directions). See docs/solvers/dsg.md for the measurement of this choice.
+        """
+        n = problem.n
+        q = min(n, 512)
+        idx = torch.randperm(n, generator=problem.generator)[:q].to(problem.device)
+        with torch.no_grad():
+            K = problem.kernel_operator(problem.X[idx]).to_dense().to(torch.float64)
+            lam1 = float(torch.linalg.eigvalsh(K)[-1]) / q
+        return 1.0 / (lam1 + sampler.outputscale / min(m, r))
+
+    def _run(self, problem: Problem, previous: RandomFeatureExpansion | None, passes: int) -> RandomFeatureExpansion:
+        opts = self._options(problem)
+        X, Y = problem.X, problem.y
+        n, k = problem.n, problem.n_outputs
+        sampler = spectral_sampler(problem.kernel)
+        r = opts["features_per_step"]
+        m = min(opts["batch_size"], n)
+        if previous is not None:
+            if previous.features_per_step != r:
+                raise ValueError(
+                    f"solver 'dsg' option features_per_step={r} differs from the {previous.features_per_step} "
+                    "features per step of the model being continued"
+                )
+            if previous.coef.shape[2] != k:
+                raise ValueError(f"y: expected {previous.coef.shape[2]} outputs like the previous chunks, got {k}")
+            seed = previous.seed
+            t_prev = previous.n_steps
+            sched = dict(previous.schedule)
+            n_seen = int(sched.get("n_seen", 0)) + n
+            gamma_max = opts["gamma_max"] or sched.get("gamma_max")
+        else:
+            seed = opts["seed"]
+            if seed is None:
+                seed = int(torch.randint(0, 2**62, (1,), generator=problem.generator))
+            t_prev = 0
+            n_seen = n
+            gamma_max = opts["gamma_max"]
+        if gamma_max is None:
+            gamma_max = self._gamma_max(problem, sampler, m, r)
+        nu = opts["nu"] if opts["nu"] is not None else problem.noise / n_seen
+        theta = opts["theta"] if opts["theta"] is not None else 1.0 / nu
+        t0 = opts["t0"] if opts["t0"] is not None else max(0.0, theta / gamma_max - 1.0)
+        schedule = {"nu": nu, "theta": theta, "t0": t0, "gamma_max": gamma_max, "n_seen": n_seen}
+
+        steps_per_pass = math.ceil(n / m)
+        n_new = passes * steps_per_pass
+        if opts["max_steps"] is not None:
+            n_new = min(n_new, opts["max_steps"])
+        report_every = opts["report_every"] or steps_per_pass
+        fmap = RandomFeatureMap(problem.kernel, seed, r, t_prev + n_new)
+
+        # Coefficients a_i = S * C[i - 1]; S is the global product of the (1 - gamma_t nu) shrinks.
+        C = torch.zeros(t_prev + n_new, r, k, dtype=X.dtype, device=X.device)
+        if previous is not None:
+            C[:t_prev] = previous.coef.to(C)
+        S = 1.0
+
+        mode = opts["train_predictions"]
+        if mode == "auto":
+            cache_cost = n * (t_prev + n_new)
+            recompute_cost = m * n_new * (t_prev + n_new / 2)
+            mode = "cache" if cache_cost <= recompute_cost else "recompute"
+        F = None  # with the cache, f_t(X) = S * F
+        if mode == "cache":
+            F = fmap.apply(X, C[:t_prev]) if t_prev else torch.zeros(n, k, dtype=X.dtype, device=X.device)
+
+        amp = math.sqrt(2.0 * sampler.outputscale / r)
+        d = X.shape[1]
+        U = sampler.scale_inputs(X)
+        monitor = problem.monitor
+        monitor.start(total=math.ceil(n_new / report_every), desc="dsg")
+
+        def snapshot(t_done: int) -> RandomFeatureExpansion:
+            return RandomFeatureExpansion(problem.kernel, C[:t_done] * S, seed, schedule)
+
+        t = t_prev
+        done = 0
+        sq_sum, count = 0.0, 0
+        stopped = False
+        with torch.no_grad():
+            while done < n_new and not stopped:
+                perm = torch.randperm(n, generator=problem.generator).to(X.device)
+                for start in range(0, n, m):
+                    if done >= n_new:
+                        break
+                    t += 1
+                    done += 1
+                    idx = perm[start : start + m]
+                    gamma = theta / (t + t0)
+                    z, b = fmap.frequencies(sampler, range(t, t + 1), d, X)
+                    if F is not None:
+                        Phi_all = torch.addmm(b, U, z).cos_().mul_(amp)  # phi_t on every training point
+                        Phi_b = Phi_all[idx]
+                        f_b = F[idx] * S
+                    else:
+                        Phi_all = None
+                        Phi_b = torch.addmm(b, U[idx], z).cos_().mul_(amp)
+                        f_b = fmap.apply(X[idx], C[: t - 1]) * S if t > 1 else torch.zeros_like(Y[idx])
+                    resid = f_b - Y[idx]  # l'(f(x), y) = f(x) - y for l = (f - y)^2 / 2
+                    sq_sum += float(resid.square().sum())
+                    count += resid.numel()
+                    grad = Phi_b.T @ resid / idx.numel()  # r x k: the batch mean of l' phi_t(x_j)
+                    shrink = 1.0 - gamma * nu
+                    S *= shrink
+                    if S == 0.0 or abs(S) < 1e-8:  # fold the scale in (rare: S decays like (t0 / t)^(theta nu))
+                        C[: t - 1].mul_(S)
+                        if F is not None:
+                            F.mul_(S)
+                        S = 1.0
+                    C[t - 1] = grad * (-gamma / S)
+                    if F is not None:
+                        F.addmm_(Phi_all, C[t - 1])
+                    if done % report_every == 0 or done == n_new:
+                        stopped = monitor.step(
+                            math.ceil(done / report_every),
+                            (lambda t_done=t: snapshot(t_done)) if monitor.wants_predictor else None,
+                            step=t,
+                            n_features=t * r,
+                            gamma=gamma,
+                            train_mse=sq_sum / max(count, 1),
+                        )
+                        sq_sum, count = 0.0, 0
+                        if stopped:
+                            break
+        if not math.isfinite(float(C[:t].abs().max())) if t else False:
+            warnings.warn(
+                "solver 'dsg': the coefficients overflowed; lower gamma_max or theta", RuntimeWarning, stacklevel=2
+            )
+        return RandomFeatureExpansion(problem.kernel, C[:t] * S, seed, schedule)
+
+
+@kgp.hookimpl
+def register_solvers(register) -> None:
+    register("dsg", DSGSolver())
+
+
+@kgp.hookimpl
+def register_predictors(register) -> None:
+    register(RandomFeatureExpansion.kind, RandomFeatureExpansion)

@@ -1,1 +1,374 @@
-"""Placeholder: the falkon plugin is being written (registers nothing yet)."""
+"""Solver ``falkon``: Nystrom kernel ridge regression by preconditioned conjugate gradient.
+
+Implements FALKON (Rudi, Carratino, Rosasco, NIPS 2017; arXiv 1705.10958 v3) in the general form
+of its Appendix A (Def. 3 and Def. 4): weighted centers (the diagonal matrix D, e.g. from
+leverage-score sampling) and a rank-deficient ``K_MM`` are handled by the same code.
+
+Problem (eq. 7-8, kgp's convention ``lambda = noise / n = problem.lam``)::
+
+    H alpha = z,   H = K_nM^T K_nM + lambda n K_MM,   z = K_nM^T y
+
+Preconditioner (Def. 3): with ``G = D K_MM D = Q T^T T Q^T`` (Q: M x q with Q^T Q = I, T: q x q
+triangular) and ``A^T A = T T^T / M + lambda I``::
+
+    B = D Q T^{-1} A^{-1} / sqrt(n)
+
+Conjugate gradient on ``W beta = b`` with ``W = B^T H B`` and ``b = B^T z``, then ``alpha = B beta``
+(Def. 4). As in the paper's Algorithm 1 the ``1/sqrt(n)`` is folded into the operator: with
+``B' = D Q T^{-1} A^{-1}`` the code runs CG on
+
+    W' u = A^{-T} T^{-T} Q^T D K_nM^T K_nM D Q T^{-1} A^{-1} u / n + lambda A^{-T} A^{-1} u,
+    b'   = A^{-T} T^{-T} Q^T D K_nM^T y / n,
+
+whose solution ``beta' = beta / sqrt(n)`` gives ``alpha = B' beta'``. The second term of ``W'`` uses
+``Q^T D K_MM D Q = T^T T``. Unlike the MATLAB code of the paper's Appendix G, D is applied in
+``B'``, in ``B'^T`` and in ``alpha`` (the printed code omits it and solves a different problem; see
+the digest, section 1.5).
+
+Numerics (see docs/solvers/falkon.md for the measurements behind these choices):
+
+- The ``M x M`` factorizations and the CG recurrences (vectors of length M) run in
+  ``precond_dtype`` (default float64), whatever the input dtype; only the kernel passes
+  ``K_nM^T (K_nM v + w)`` run in the input dtype. These ``M x M`` operations cost
+  ``O(M^3 + t M^2 k)``, negligible next to the ``O(t n M)`` kernel passes.
+- ``G + jitter * mean(diag G) * I`` is factored by Cholesky; if that fails (a rank-deficient
+  ``K_MM``, e.g. duplicate centers), the factorization falls back to the eigendecomposition of
+  Appendix A, Example 2 (eigenvalues below ``rcond * max`` dropped, so q < M).
+- The jitter defaults to ``M * eps`` of the kernel-pass dtype. It enters the regulariser (the
+  solved system is ``K_nM^T K_nM + lambda n (K_MM + jitter' D^{-2})``) and bounds the amplification
+  ``||T^{-1}||`` of rounding errors of the kernel pass; in float32 at lambda = 1e-9 a smaller jitter
+  lets those errors grow.
+- Every ``residual_every`` iterations the true residual ``b' - W' beta'`` replaces the recursive
+  one. It costs no extra pass: the current ``alpha`` rides along as extra columns of the fused
+  pass ``K_nM^T (K_nM [p, alpha] + [0, -y])``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from numbers import Integral, Real
+from typing import Any
+
+import torch
+from torch import Tensor
+
+import kgp
+from kgp.plugin import KernelExpansion, Problem
+
+__all__ = ["FalkonSolver"]
+
+_FACTORIZATIONS = ("auto", "cholesky", "eigh")
+_PRECOND_DTYPES = ("float64", "input")
+
+
+@dataclass
+class _Preconditioner:
+    r"""The map ``B' = D Q T^{-1} A^{-1}`` of Def. 3 (without the ``1/sqrt(n)``) and its pieces.
+
+    Either triangular factors (``T`` and ``A`` upper triangular, ``Q = I``; Example 1.1) or the
+    diagonal eigen-form (``Q`` = kept eigenvectors, ``T = diag(sqrt(s))``,
+    ``A = diag(sqrt(s / M + lambda))``; Example 2), in which case ``t_diag``/``a_diag`` are set.
+    """
+
+    lam: float
+    d: Tensor | None  # diagonal of D (length M), None for D = I
+    T: Tensor | None = None  # upper triangular, T^T T = D K_MM D + jitter
+    A: Tensor | None = None  # upper triangular, A^T A = T T^T / M + lam I
+    Q: Tensor | None = None  # M x q eigenvectors (eig path)
+    t_diag: Tensor | None = None
+    a_diag: Tensor | None = None
+    method: str = "cholesky"
+
+    @property
+    def rank(self) -> int:
+        return self.T.shape[0] if self.T is not None else self.t_diag.shape[0]
+
+    def apply(self, u: Tensor) -> Tensor:
+        """``B' u = D Q T^{-1} A^{-1} u`` (q x k -> M x k)."""
+        if self.T is not None:
+            v = torch.linalg.solve_triangular(self.A, u, upper=True)
+            v = torch.linalg.solve_triangular(self.T, v, upper=True)
+        else:
+            v = self.Q @ (u / (self.t_diag * self.a_diag).unsqueeze(-1))
+        return v if self.d is None else v * self.d.unsqueeze(-1)
+
+    def apply_t(self, v: Tensor) -> Tensor:
+        """``B'^T v = A^{-T} T^{-T} Q^T D v`` (M x k -> q x k)."""
+        if self.d is not None:
+            v = v * self.d.unsqueeze(-1)
+        if self.T is not None:
+            u = torch.linalg.solve_triangular(self.T.mT, v, upper=False)
+            return torch.linalg.solve_triangular(self.A.mT, u, upper=False)
+        return (self.Q.mT @ v) / (self.t_diag * self.a_diag).unsqueeze(-1)
+
+    def regulariser(self, u: Tensor) -> Tensor:
+        """``lambda A^{-T} A^{-1} u``: the ``lambda n K_MM`` part of ``W'`` (uses ``Q^T G Q = T^T T``)."""
+        if self.T is not None:
+            v = torch.linalg.solve_triangular(self.A, u, upper=True)
+            return self.lam * torch.linalg.solve_triangular(self.A.mT, v, upper=False)
+        return self.lam * u / self.a_diag.square().unsqueeze(-1)
+
+
+class FalkonSolver:
+    """FALKON: Nystrom KRR solved by conjugate gradient with the preconditioner of Def. 3.
+
+    Options (``solver_options``)
+    ----------------------------
+    maxiter : int, default 20
+        CG iterations t (the paper's experiments use t = 20; Thm. 3 asks t of order log n).
+    tol : float, default 1e-7
+        Early stop when every output's relative residual ``||b' - W' beta'|| / ||b'||`` of the
+        preconditioned system is at most ``tol`` (0 disables; the paper runs exactly t steps).
+    residual_every : int, default 10
+        Replace the recursive CG residual by the true one every this many iterations (0 never).
+        Costs no extra kernel pass (extra columns of the fused pass).
+    jitter : float or None, default None
+        Added to the diagonal of ``D K_MM D`` before Cholesky, relative to its mean diagonal.
+        None: ``M * eps`` of the input dtype (the paper's ``eps * M``, Algorithm 1).
+    factorization : {"auto", "cholesky", "eigh"}, default "auto"
+        ``"cholesky"``: Def. 3 Example 1.1 (fails on rank-deficient ``K_MM``); ``"eigh"``: Example 2
+        (handles any rank); ``"auto"``: Cholesky, falling back to ``"eigh"`` if it fails.
+    precond_dtype : {"float64", "input"}, default "float64"
+        Precision of the ``M x M`` factors and the CG vectors. Kernel passes always use the input
+        dtype.
+    rcond : float or None, default None
+        Eigen path: drop eigenvalues of ``D K_MM D`` below ``rcond * max eigenvalue``. None:
+        ``M * eps`` of ``precond_dtype`` (the pseudo-inverse convention).
+
+    Returns a :class:`kgp.KernelExpansion` over ``problem.centers``. Every kernel product goes
+    through ``problem.kernel_operator`` (the fused pass ``K_nM^T (K_nM v + w)``); memory is
+    ``O(M^2)`` for the factors plus the backend's block budget.
+    """
+
+    option_defaults: dict[str, Any] = {
+        "maxiter": 20,
+        "tol": 1e-7,
+        "residual_every": 10,
+        "jitter": None,
+        "factorization": "auto",
+        "precond_dtype": "float64",
+        "rcond": None,
+    }
+    uses_centers = True
+
+    # ------------------------------------------------------------------ checks
+    @staticmethod
+    def _check_options(options: dict[str, Any]) -> dict[str, Any]:
+        opts = {**FalkonSolver.option_defaults, **options}
+        unknown = sorted(set(options) - set(FalkonSolver.option_defaults))
+        if unknown:
+            raise ValueError(
+                f"unknown option(s) {unknown} for solver 'falkon'; valid options: "
+                f"{', '.join(sorted(FalkonSolver.option_defaults))}"
+            )
+        maxiter = opts["maxiter"]
+        if isinstance(maxiter, bool) or not isinstance(maxiter, Integral) or maxiter < 1:
+            raise ValueError(f"solver option 'maxiter': expected a positive integer, got {maxiter!r}")
+        every = opts["residual_every"]
+        if every is None:
+            every = 0
+        if isinstance(every, bool) or not isinstance(every, Integral) or every < 0:
+            raise ValueError(f"solver option 'residual_every': expected an integer >= 0, got {every!r}")
+        tol = _check_real(opts["tol"], "tol", allow_zero=True)
+        jitter = opts["jitter"]
+        if jitter is not None:
+            jitter = _check_real(jitter, "jitter", allow_zero=True)
+        rcond = opts["rcond"]
+        if rcond is not None:
+            rcond = _check_real(rcond, "rcond", allow_zero=True)
+            if rcond >= 1:
+                raise ValueError(f"solver option 'rcond': expected a number in [0, 1), got {rcond!r}")
+        if opts["factorization"] not in _FACTORIZATIONS:
+            raise ValueError(
+                f"solver option 'factorization': expected one of {_FACTORIZATIONS}, got {opts['factorization']!r}"
+            )
+        if opts["precond_dtype"] not in _PRECOND_DTYPES:
+            raise ValueError(
+                f"solver option 'precond_dtype': expected one of {_PRECOND_DTYPES}, got {opts['precond_dtype']!r}"
+            )
+        return {
+            "maxiter": int(maxiter),
+            "tol": tol,
+            "residual_every": int(every),
+            "jitter": jitter,
+            "factorization": opts["factorization"],
+            "precond_dtype": opts["precond_dtype"],
+            "rcond": rcond,
+        }
+
+    @staticmethod
+    def _check_problem(problem: Problem) -> Tensor | None:
+        if problem.centers is None:
+            raise ValueError("solver 'falkon' needs Nystrom centers: problem.centers is None")
+        Z = problem.centers
+        if Z.dim() != 2 or Z.shape[1] != problem.X.shape[1]:
+            raise ValueError(
+                f"centers: expected shape (M, {problem.X.shape[1]}), got {tuple(Z.shape)}"
+            )
+        if Z.dtype != problem.X.dtype or Z.device != problem.X.device:
+            raise TypeError("centers: expected the dtype and device of X")
+        if not problem.X.dtype.is_floating_point:
+            raise TypeError(f"X: expected a floating dtype, got {problem.X.dtype}")
+        if problem.y.dim() != 2 or problem.y.shape[0] != problem.n:
+            raise ValueError(f"y: expected shape ({problem.n}, k), got {tuple(problem.y.shape)}")
+        if not (math.isfinite(problem.noise) and problem.noise > 0):
+            raise ValueError(f"noise: expected a finite positive number, got {problem.noise!r}")
+        w = problem.center_weights
+        if w is None:
+            return None
+        if w.dim() != 1 or w.shape[0] != Z.shape[0]:
+            raise ValueError(f"center_weights: expected shape ({Z.shape[0]},), got {tuple(w.shape)}")
+        if not bool(torch.isfinite(w).all()) or not bool((w > 0).all()):
+            raise ValueError("center_weights: expected finite, strictly positive weights (the diagonal of D)")
+        return w
+
+    # ------------------------------------------------------------------ preconditioner
+    @staticmethod
+    def _gram(problem: Problem, work: torch.dtype, d: Tensor | None) -> Tensor:
+        """``G = D K_MM D`` in the working precision, exactly symmetric."""
+        Zw = problem.centers.to(work)
+        G = problem.kernel_operator(Zw, Zw).to_dense()
+        if d is not None:
+            G.mul_(d.unsqueeze(0)).mul_(d.unsqueeze(1))
+        G.add_(G.mT.clone()).mul_(0.5)  # symmetric to the last bit, for Cholesky and eigh alike
+        return G
+
+    def _preconditioner(self, problem: Problem, weights: Tensor | None, opts: dict[str, Any]) -> _Preconditioner:
+        """Build ``Q, T, A`` of Def. 3 (Example 1.1 or Example 2) from ``G = D K_MM D``."""
+        work = torch.float64 if opts["precond_dtype"] == "float64" else problem.dtype
+        M = problem.centers.shape[0]
+        lam = problem.lam
+        d = None if weights is None else weights.to(work)
+        # K_MM is evaluated in the working precision (not cast from the input dtype), so the
+        # factors describe the exact kernel.
+        G = self._gram(problem, work, d)
+        mean_diag = float(G.diagonal().mean())
+        if not math.isfinite(mean_diag) or mean_diag <= 0:
+            raise ValueError(f"solver 'falkon': K_MM has a non-positive or non-finite diagonal (mean {mean_diag!r})")
+        method = opts["factorization"]
+        if method in ("auto", "cholesky"):
+            jitter = opts["jitter"]
+            if jitter is None:
+                jitter = M * torch.finfo(problem.dtype).eps
+            G.diagonal().add_(jitter * mean_diag)
+            L, info = torch.linalg.cholesky_ex(G)
+            del G
+            if int(info) == 0:
+                T = L.mT  # upper triangular, T^T T = G + jitter
+                TTt = T @ L  # T T^T
+                TTt.div_(M).diagonal().add_(lam)
+                LA, info = torch.linalg.cholesky_ex(TTt)
+                del TTt
+                if int(info) == 0:
+                    return _Preconditioner(lam=lam, d=d, T=T, A=LA.mT, method="cholesky")
+            del L
+            if method == "cholesky":
+                raise ValueError(
+                    f"solver 'falkon': Cholesky of D K_MM D + jitter failed in {work} (K_MM is rank deficient, "
+                    "e.g. duplicate centers); use solver option factorization='eigh' or 'auto', or a larger 'jitter'"
+                )
+            G = self._gram(problem, work, d)  # rare fallback: recompute instead of keeping a copy
+        s, U = torch.linalg.eigh(G)
+        del G
+        rcond = opts["rcond"]
+        if rcond is None:
+            rcond = M * torch.finfo(work).eps
+        keep = s > rcond * s.max()
+        s, U = s[keep], U[:, keep]
+        return _Preconditioner(
+            lam=lam, d=d, Q=U.contiguous(), t_diag=s.sqrt(), a_diag=(s / M + lam).sqrt(), method="eigh"
+        )
+
+    # ------------------------------------------------------------------ solve
+    def fit(self, problem: Problem) -> KernelExpansion:
+        """Run FALKON (Def. 4) on ``problem``; return the kernel expansion over its centers.
+
+        Raises
+        ------
+        ValueError
+            On invalid options, missing centers, bad weights, or a failed factorization with
+            ``factorization="cholesky"``.
+        """
+        opts = self._check_options(problem.options)
+        weights = self._check_problem(problem)
+        n, k = problem.n, problem.n_outputs
+        dtype = problem.dtype
+        maxiter, tol, every = opts["maxiter"], opts["tol"], opts["residual_every"]
+        monitor = problem.monitor
+        monitor.start(total=maxiter, desc="falkon")
+
+        with torch.no_grad():
+            prec = self._preconditioner(problem, weights, opts)
+            work = prec.T.dtype if prec.T is not None else prec.Q.dtype
+            op = problem.kernel_operator(problem.X, problem.centers)
+            y = problem.y.to(dtype)
+
+            def predictor(beta: Tensor) -> KernelExpansion:
+                return KernelExpansion(problem.kernel, problem.centers, prec.apply(beta).to(dtype))
+
+            # b' = A^{-T} T^{-T} Q^T D K_nM^T y / n
+            b = prec.apply_t((op.T @ y).to(work) / n)
+            b_norm = b.norm(dim=0)
+            scale = torch.where(b_norm > 0, b_norm, torch.ones_like(b_norm))
+            beta = torch.zeros_like(b)
+            r = b.clone()
+            p = r.clone()
+            rs = (r * r).sum(0)
+            it = 0
+            if bool((b_norm == 0).all()):
+                monitor.step(0, lambda: predictor(beta), residual=0.0)
+                monitor.close()
+                return predictor(beta)
+            zeros_w = torch.zeros(n, k, dtype=dtype, device=y.device) if every else None
+            for it in range(1, maxiter + 1):
+                refresh = every > 0 and it > 1 and (it - 1) % every == 0
+                v = prec.apply(p)
+                if refresh:
+                    # [K^T K v, K^T (K alpha - y)] in one pass: the true residual at beta.
+                    cols = torch.cat([v, prec.apply(beta)], dim=1).to(dtype)
+                    out = op.fused_matmul(cols, torch.cat([zeros_w, -y], dim=1)).to(work) / n
+                    kv, grad = out[:, :k], out[:, k:]
+                    r = -(prec.apply_t(grad) + prec.regulariser(beta))
+                    rs = (r * r).sum(0)
+                else:
+                    kv = op.fused_matmul(v.to(dtype)).to(work) / n
+                wp = prec.apply_t(kv) + prec.regulariser(p)
+                pwp = (p * wp).sum(0)
+                # exact line search along p; r.p equals r.r except after a residual replacement
+                rp = (r * p).sum(0) if refresh else rs
+                ok = (pwp > 0) & (rs > 0)
+                a = torch.where(ok, rp / torch.where(ok, pwp, torch.ones_like(pwp)), torch.zeros_like(pwp))
+                beta.add_(p * a)
+                r.sub_(wp * a)
+                rs_new = (r * r).sum(0)
+                ratio = torch.where(rs > 0, rs_new / torch.where(rs > 0, rs, torch.ones_like(rs)), torch.zeros_like(rs))
+                p = r + p * ratio
+                rs = rs_new
+                rel = rs.sqrt() / scale
+                residual = float(rel.max())
+                stop = monitor.step(it, lambda: predictor(beta), residual=residual)
+                if not math.isfinite(residual):
+                    raise FloatingPointError(
+                        f"solver 'falkon': CG residual became {residual} at iteration {it}; try float64 inputs, "
+                        "a larger noise, or a larger 'jitter'"
+                    )
+                if stop or residual <= tol:
+                    break
+            result = predictor(beta)
+        monitor.close()
+        return result
+
+
+def _check_real(value: Any, name: str, *, allow_zero: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise ValueError(f"solver option {name!r}: expected a number, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"solver option {name!r}: expected a finite number >= 0, got {value!r}")
+    return value
+
+
+@kgp.hookimpl
+def register_solvers(register) -> None:
+    register("falkon", FalkonSolver())

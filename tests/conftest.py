@@ -1,0 +1,43 @@
+"""Shared test fixtures. Environment is fixed before torch is imported (see ../shared/notes/machine.md)."""
+
+import os
+
+# Spin-waiting OpenMP threads collapse small LAPACK calls 10-100x on a shared 2-core host.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Only kgp's own plugins, whatever else is installed: reproducible tests.
+os.environ.setdefault("KGP_DISABLE_ENTRYPOINTS", "1")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """Path to ../shared/data next to the checkout; skips the test when it is absent."""
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"real-data test: {SHARED_DATA} is absent (it ships beside the repository, not in it)")
+    return SHARED_DATA
+
+
+def load_uci(shared: Path, name: str):
+    """Load ``uci/NAME.csv.gz`` as float64 (X, y)."""
+    import gzip
+
+    import numpy as np
+
+    with gzip.open(shared / "uci" / f"{name}.csv.gz", "rt") as fh:
+        raw = np.loadtxt(fh, delimiter=",")
+    return raw[:, :-1], raw[:, -1]
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)

@@ -1,0 +1,74 @@
+"""Smoke tests of the `kgp` command (in-process through kgp.cli.main, plus one real subprocess)."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from kgp.cli import main
+
+
+def test_demo_prints_metrics_and_solver(capsys):
+    assert main(["demo", "--solver", "exact"]) == 0
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if line.startswith("exact"))
+    rmse, r2 = float(line.split()[1]), float(line.split()[2])
+    assert rmse < 8.0 and r2 > 0.75  # concrete: the mean predictor has RMSE ~15.5 MPa
+    assert "fit time" in out
+
+
+def test_fit_predict_csv_with_header(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(80, 2))
+    y = X[:, 0] - X[:, 1] ** 2
+    data = tmp_path / "d.csv"
+    with open(data, "w") as fh:
+        fh.write("a,target,b\n")
+        for row, t in zip(X, y):
+            fh.write(f"{row[0]},{t},{row[1]}\n")
+    model = tmp_path / "m.pt"
+    assert main(["fit", "--data", str(data), "--target", "target", "--noise", "0.01", "--out", str(model)]) == 0
+    assert "solver exact" in capsys.readouterr().out
+    preds = tmp_path / "p.csv"
+    assert main(["predict", "--model", str(model), "--data", str(data), "--target", "target", "--out", str(preds)]) == 0
+    out = capsys.readouterr().out
+    assert float(out.split("R2 ")[1].split(";")[0]) > 0.95
+    pred = np.loadtxt(preds, delimiter=",")
+    assert pred.shape == (80,) and np.corrcoef(pred, y)[0, 1] > 0.97
+
+
+def test_fit_npz_classifier(tmp_path, capsys):
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(100, 2))
+    np.savez(tmp_path / "c.npz", X=X, y=(X[:, 0] > 0).astype(int))
+    assert main(["fit", "--data", str(tmp_path / "c.npz"), "--classify", "--noise", "0.1", "--out", str(tmp_path / "c.pt")]) == 0
+    assert "training accuracy" in capsys.readouterr().out
+
+
+def test_cli_errors_are_clear(tmp_path, capsys):
+    np.savez(tmp_path / "d.npz", X=np.zeros((5, 2)), y=np.zeros(5))
+    assert main(["fit", "--data", str(tmp_path / "d.npz"), "--solver", "nope", "--out", str(tmp_path / "m.pt")]) == 1
+    assert "unknown solver 'nope'; available solvers" in capsys.readouterr().err
+    assert main(["fit", "--data", str(tmp_path / "missing.npz"), "--out", "x"]) == 1
+    assert "no such file" in capsys.readouterr().err
+    assert main(["fit", "--data", str(tmp_path / "d.npz"), "--option", "maxiter", "--out", "x"]) == 1
+    assert "KEY=VALUE" in capsys.readouterr().err
+
+
+def test_plugins_lists_builtins_with_distribution():
+    out = subprocess.run([sys.executable, "-m", "kgp", "plugins"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    rows = {line.split()[0]: line.split() for line in out.stdout.splitlines()[1:] if line.strip()}
+    assert rows["exact"][1:4] == ["solver", "exact", "kgp"]
+    assert rows["uniform"][1] == "selector"
+
+
+@pytest.mark.slow
+def test_console_script_demo_runs():
+    import shutil
+
+    exe = shutil.which("kgp") or str(__import__("pathlib").Path(sys.executable).parent / "kgp")
+    out = subprocess.run([exe, "demo"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert "exact" in out.stdout

@@ -1,0 +1,243 @@
+"""kgp's built-in plugins against the conformance kit, and the kit against deliberately broken plugins.
+
+Every built-in solver registered by the ``kgp`` distribution is run through every check of
+:mod:`kgp.testing` with the tolerances in :data:`SOLVER_CASES`; solvers still being written are simply
+absent from the parametrisation until their entry point registers them.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import kgp
+from kgp.plugin import Centers, KernelExpansion, Problem, SelectionRequest
+from kgp.registry import registry
+from kgp.testing import (
+    SELECTOR_CHECKS,
+    SOLVER_CHECKS,
+    OracleSpec,
+    SolverConformance,
+    check_selector,
+    check_solver,
+    dense_nystrom_mean,
+    dense_posterior_mean,
+    make_oracle_data,
+)
+
+# Per built-in solver: keyword arguments of the checks. Exact solvers meet tight tolerances; the
+# iterative ones are approximate by design and state their own bound here.
+SOLVER_CASES: dict[str, dict] = {
+    "exact": {"rtol": 1e-8, "rtol_float32": 1e-4},
+    "falkon": {"rtol": 1e-4, "rtol_float32": 1e-2, "iterative": True},
+    "eigenpro": {"rtol": 5e-2, "rtol_float32": 5e-2, "iterative": True},
+    "eigenpro2": {"rtol": 5e-2, "rtol_float32": 5e-2, "iterative": True},
+    "dsg": {"rtol": 0.5, "rtol_float32": 0.5, "iterative": True},
+}
+DEFAULT_CASE: dict = {"rtol": 1e-2, "rtol_float32": 1e-2}
+
+SELECTOR_CASES: dict[str, dict] = {
+    "uniform": {},
+    "bless": {"exact_count": False},
+}
+
+
+def _builtin(kind: str) -> list[str]:
+    return [name for name in registry.names(kind) if (registry.get(kind, name).distribution or "").lower() == "kgp"]
+
+
+BUILTIN_SOLVERS = _builtin("solver")
+BUILTIN_SELECTORS = _builtin("selector")
+
+
+@pytest.mark.parametrize("check", list(SOLVER_CHECKS))
+@pytest.mark.parametrize("name", BUILTIN_SOLVERS)
+def test_builtin_solver_conforms(name, check):
+    case = SOLVER_CASES.get(name, DEFAULT_CASE)
+    SOLVER_CHECKS[check](name, **case)
+
+
+@pytest.mark.parametrize("check", list(SELECTOR_CHECKS))
+@pytest.mark.parametrize("name", BUILTIN_SELECTORS)
+def test_builtin_selector_conforms(name, check):
+    SELECTOR_CHECKS[check](name, **SELECTOR_CASES.get(name, {}))
+
+
+def test_exact_is_in_the_parametrisation():
+    assert "exact" in BUILTIN_SOLVERS and "uniform" in BUILTIN_SELECTORS
+
+
+def test_oracles_agree_with_an_independent_numpy_solve():
+    """The kit's float64 oracles against numpy: the posterior mean, and Nystrom with M = n centers."""
+    np = pytest.importorskip("numpy")
+    spec = OracleSpec(n=50, n_test=20, n_centers=50)
+    data = make_oracle_data(spec, n_outputs=2)
+    X, Xt, y = data.X.numpy(), data.X_test.numpy(), data.y.numpy()
+
+    def rbf(a, b):
+        return np.exp(-((a[:, None, :] - b[None, :, :]) ** 2).sum(-1) / 2.0)
+
+    mean = rbf(Xt, X) @ np.linalg.solve(rbf(X, X) + spec.noise * np.eye(spec.n), y)
+    np.testing.assert_allclose(dense_posterior_mean(data).numpy(), mean, rtol=1e-8, atol=1e-10)
+    # With every training point as a center, the Nystrom estimator is the posterior mean.
+    all_centers = data.X[torch.randperm(spec.n, generator=torch.Generator().manual_seed(3))]
+    np.testing.assert_allclose(dense_nystrom_mean(data, centers=all_centers).numpy(), mean, rtol=1e-6, atol=1e-8)
+
+
+# ---------------------------------------------------------------------------------------------
+# A reference center-based solver, and broken variants of it: the kit must catch each defect.
+# ---------------------------------------------------------------------------------------------
+class RefNystrom:
+    """Dense Nystrom solve, eq. 8 of Rudi et al. with lambda n = sigma^2; ``bug`` injects one defect."""
+
+    uses_centers = True
+
+    def __init__(self, bug: str | None = None):
+        self.bug = bug
+        self.option_defaults = {"jitter": 0.0}
+
+    def fit(self, problem: Problem):
+        if not isinstance(problem.options["jitter"], float) or problem.options["jitter"] < 0:
+            raise ValueError(f"jitter: expected a float >= 0, got {problem.options['jitter']!r}")
+        Z = problem.centers
+        dtype = torch.float64 if self.bug == "upcast" else problem.dtype
+        X, y, Z = problem.X.to(dtype), problem.y.to(dtype), Z.to(dtype)
+        kernel = copy.deepcopy(problem.kernel).to(dtype)
+        KnM = kgp.kernel_operator(kernel, X, Z).to_dense()
+        KMM = kgp.kernel_operator(kernel, Z).to_dense()
+        noise = problem.noise * (2.0 if self.bug == "wrong_noise" else 1.0)
+        if self.bug == "weights_in_regulariser" and problem.center_weights is not None:
+            D = torch.diag(problem.center_weights.to(dtype))
+            KMM = D @ KMM @ D  # Appendix G defect (a): a different regulariser
+        H = KnM.T @ KnM + noise * KMM
+        alpha = torch.linalg.lstsq(H, KnM.T @ y).solution
+        if self.bug == "global_rng":
+            alpha = alpha + 1e-3 * torch.randn(alpha.shape, dtype=dtype)
+        if self.bug == "mutate":
+            problem.y.mul_(1.0)
+            problem.y[0, 0] += 1.0
+        problem.monitor.start(3)
+        for it in range(1, 4):
+            stop = problem.monitor.step(it, lambda: KernelExpansion(kernel, Z, alpha))
+            if stop and self.bug != "ignore_stop":
+                break
+        if self.bug == "unregistered_kind":
+            return _OddPredictor(kernel, Z, alpha)
+        return KernelExpansion(kernel, Z, alpha)
+
+
+class _OddPredictor(KernelExpansion):
+    kind = "not-registered-anywhere"
+
+
+class RefSelector:
+    option_defaults: dict = {}
+
+    def __init__(self, bug: str | None = None):
+        self.bug = bug
+
+    def select(self, request: SelectionRequest) -> Centers:
+        m = request.n_centers or 10
+        gen = None if self.bug == "global_rng" else request.generator
+        idx = torch.randperm(request.n, generator=gen)[:m]
+        points = request.X[idx]
+        if self.bug == "float64":
+            points = points.double()
+        return Centers(points=points, indices=idx)
+
+
+class _Plugin:
+    def __init__(self, solvers=None, selectors=None):
+        self.solvers = solvers or {}
+        self.selectors = selectors or {}
+
+    @kgp.hookimpl
+    def register_solvers(self, register):
+        for name, obj in self.solvers.items():
+            register(name, obj)
+
+    @kgp.hookimpl
+    def register_selectors(self, register):
+        for name, obj in self.selectors.items():
+            register(name, obj)
+
+
+@pytest.fixture
+def runtime_plugin():
+    names = []
+
+    def add(plugin_name, **kinds):
+        kgp.register(_Plugin(**kinds), name=plugin_name)
+        names.append(plugin_name)
+
+    yield add
+    for name in names:
+        kgp.unregister(name)
+
+
+def test_reference_nystrom_passes_every_check(runtime_plugin):
+    runtime_plugin("ref-nystrom-plugin", solvers={"ref-nystrom": RefNystrom()})
+    results = check_solver(
+        "ref-nystrom", rtol=1e-8, rtol_float32=1e-3, iterative=True, invalid_options=({"jitter": -1.0},)
+    )
+    assert results["oracle"]["rel_error"] < 1e-8
+    assert results["callback"] == {"iterations_full": 3, "iterations_stopped": 1}
+    assert results["center_weights"]["rel_error"] < 1e-8
+    assert results["protocol"]["distribution"] is None  # registered at runtime, not installed
+
+
+@pytest.mark.parametrize(
+    "bug, check, kwargs, message",
+    [
+        ("wrong_noise", "oracle", {}, "relative error"),
+        ("upcast", "dtype", {}, "torch.float32 input gave torch.float64"),
+        ("global_rng", "seed", {}, "global torch / numpy RNG"),
+        ("ignore_stop", "callback", {"iterative": True}, "returned True at iteration 1 but was called 3 times"),
+        ("weights_in_regulariser", "center_weights", {}, "weighted centers"),
+        ("mutate", "protocol", {}, "modified problem.y"),
+        ("unregistered_kind", "protocol", {}, "is not registered"),
+        (None, "invalid_options", {"invalid_options": ({"jitter": 1.0},)}, "were accepted"),
+    ],
+)
+def test_kit_catches_broken_solver(runtime_plugin, bug, check, kwargs, message):
+    runtime_plugin(f"broken-{bug}", solvers={"broken": RefNystrom(bug)})
+    with pytest.raises(AssertionError, match=message):
+        SOLVER_CHECKS[check]("broken", rtol=1e-8, **kwargs)
+
+
+def test_check_solver_reports_every_failure_at_once(runtime_plugin):
+    runtime_plugin("broken-upcast", solvers={"broken": RefNystrom("upcast")})
+    with pytest.raises(AssertionError) as info:
+        check_solver("broken", rtol=1e-8, skip=("callback",))
+    text = str(info.value)
+    assert "[dtype]" in text and "[oracle]" not in text
+
+
+def test_unknown_solver_and_unknown_skip():
+    with pytest.raises(AssertionError, match="not registered; registered solvers: .*exact"):
+        SOLVER_CHECKS["oracle"]("no-such-solver")
+    with pytest.raises(ValueError, match="skip: unknown check"):
+        check_solver("exact", skip=("nonsense",))
+
+
+@pytest.mark.parametrize("bug, message", [("global_rng", "same generator seed"), ("float64", "points are")])
+def test_kit_catches_broken_selector(runtime_plugin, bug, message):
+    runtime_plugin(f"broken-selector-{bug}", selectors={"broken-selector": RefSelector(bug)})
+    with pytest.raises(AssertionError, match=message):
+        check_selector("broken-selector")
+
+
+def test_selector_in_model_with_reference_solver(runtime_plugin):
+    runtime_plugin("ref-nystrom-plugin", solvers={"ref-nystrom": RefNystrom()})
+    result = check_selector("uniform", solver="ref-nystrom", rtol=1e-8)
+    assert result["in_model"]["rel_error"] < 1e-8
+
+
+class TestExactThroughBaseClass(SolverConformance):
+    """The pytest base class, as a plugin author would use it."""
+
+    solver_name = "exact"
+    rtol = 1e-8
+    rtol_float32 = 1e-4
