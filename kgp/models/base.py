@@ -5,7 +5,8 @@ from __future__ import annotations
 import copy
 import inspect
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import gpytorch
 import numpy as np
@@ -81,15 +82,12 @@ class BaseKernelModel:
         return self
 
     def __repr__(self) -> str:
-        sig = inspect.signature(BaseKernelModel.__init__)
-        changed = []
-        for name, p in sig.parameters.items():
-            if name == "self":
-                continue
-            value = getattr(self, name)
-            if isinstance(value, (Tensor, np.ndarray)) or value is not p.default:
-                if not (isinstance(value, (str, int, float)) and value == p.default):
-                    changed.append(f"{name}={_short(value)}")
+        defaults = inspect.signature(BaseKernelModel.__init__).parameters
+        changed = [
+            f"{name}={_short(value)}"
+            for name, value in self.get_params().items()
+            if not _same(value, defaults[name].default)
+        ]
         return f"{type(self).__name__}({', '.join(changed)})"
 
     # ------------------------------------------------------------------ parameter checks
@@ -101,10 +99,9 @@ class BaseKernelModel:
         check_n_centers(self.n_centers)
         if not isinstance(self.solver, str):
             raise TypeError(f"solver: expected a plugin name (str), got {type(self.solver).__name__}")
-        if not (isinstance(self.kernel, gpytorch.kernels.Kernel) or isinstance(self.kernel, str)):
-            raise TypeError(
-                f"kernel: expected a gpytorch.kernels.Kernel or one of {KERNEL_SHORTCUTS}, got {type(self.kernel).__name__}"
-            )
+        if not isinstance(self.kernel, (gpytorch.kernels.Kernel, str)):
+            got = type(self.kernel).__name__
+            raise TypeError(f"kernel: expected a gpytorch.kernels.Kernel or one of {KERNEL_SHORTCUTS}, got {got}")
         if isinstance(self.kernel, str) and self.kernel.lower() not in KERNEL_SHORTCUTS:
             raise ValueError(f"kernel: unknown shortcut {self.kernel!r}; expected one of {KERNEL_SHORTCUTS}")
         for opt_name in ("solver_options", "selector_options"):
@@ -238,6 +235,12 @@ class BaseKernelModel:
         from ..io import save_model
 
         save_model(self, path)
+
+
+def _same(value: Any, default: Any) -> bool:
+    if isinstance(value, (Tensor, np.ndarray, gpytorch.kernels.Kernel)):
+        return False
+    return type(value) is type(default) and value == default
 
 
 def _short(value: Any) -> str:
