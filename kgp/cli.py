@@ -149,8 +149,10 @@ def _cmd_demo(args) -> int:
     ym, ys = y[tr].mean(), y[tr].std()
     yt = (y - ym) / ys
     solvers = args.solver or kgp.registry.registry.names("solver")
-    print("kgp demo: UCI concrete compressive strength (shipped with kgp), "
-          f"{n_train} train / {len(te)} test, 8 features, RBF kernel, lengthscale 2, noise 0.05")
+    print(
+        "kgp demo: UCI concrete compressive strength (shipped with kgp), "
+        f"{n_train} train / {len(te)} test, 8 features, RBF kernel, lengthscale 2, noise 0.05"
+    )
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float64")
     print(f"{'solver':<14}{'test RMSE (MPa)':>16}{'test R2':>10}{'fit time (s)':>14}")
     for name in solvers:
@@ -194,8 +196,10 @@ def _cmd_fit(args) -> int:
     model.fit(X, y)
     model.save(args.out)
     metric = "accuracy" if args.classify else "R2"
-    print(f"solver {args.solver}: fitted {X.shape[0]} x {X.shape[1]} in {model.fit_time_:.3f} s; "
-          f"training {metric} {model.score(X, y):.4f}; saved to {args.out}")
+    print(
+        f"solver {args.solver}: fitted {X.shape[0]} x {X.shape[1]} in {model.fit_time_:.3f} s; "
+        f"training {metric} {model.score(X, y):.4f}; saved to {args.out}"
+    )
     return 0
 
 

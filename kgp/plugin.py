@@ -17,8 +17,9 @@ sigma^2``. With centers Z the Nystrom solution is
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import gpytorch
 import torch

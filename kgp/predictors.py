@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Mapping
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import gpytorch
 import torch
@@ -53,7 +54,9 @@ class KernelExpansion:
         return cls(kernel, state["centers"], state["alpha"])
 
     def to(self, device=None, dtype=None) -> KernelExpansion:
-        return KernelExpansion(self.kernel, self.centers.to(device=device, dtype=dtype), self.alpha.to(device=device, dtype=dtype))
+        return KernelExpansion(
+            self.kernel, self.centers.to(device=device, dtype=dtype), self.alpha.to(device=device, dtype=dtype)
+        )
 
     def __repr__(self) -> str:
         m, k = self.alpha.shape

@@ -19,9 +19,10 @@ import importlib
 import importlib.metadata as metadata
 import os
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Iterable
+from typing import Any
 
 import pluggy
 
@@ -194,9 +195,7 @@ class Registry:
             raise PluginConflictError(_conflict_message(key, self._conflicts[key]))
         if key not in entries:
             available = sorted(n for k, n in entries if k == kind)
-            raise UnknownPluginError(
-                f"unknown {kind} {name!r}; available {kind}s: {', '.join(available) or '(none)'}"
-            )
+            raise UnknownPluginError(f"unknown {kind} {name!r}; available {kind}s: {', '.join(available) or '(none)'}")
         return entries[key]
 
     def names(self, kind: str) -> list[str]:

@@ -10,8 +10,8 @@ read once at import, and can be changed for a block of code::
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 _MIB = 2**20
 

@@ -42,7 +42,12 @@ def test_fit_npz_classifier(tmp_path, capsys):
     rng = np.random.default_rng(1)
     X = rng.normal(size=(100, 2))
     np.savez(tmp_path / "c.npz", X=X, y=(X[:, 0] > 0).astype(int))
-    assert main(["fit", "--data", str(tmp_path / "c.npz"), "--classify", "--noise", "0.1", "--out", str(tmp_path / "c.pt")]) == 0
+    assert (
+        main(
+            ["fit", "--data", str(tmp_path / "c.npz"), "--classify", "--noise", "0.1", "--out", str(tmp_path / "c.pt")]
+        )
+        == 0
+    )
     assert "training accuracy" in capsys.readouterr().out
 
 

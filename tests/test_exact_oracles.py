@@ -36,8 +36,10 @@ def _exact_gp_mean(kernel, X, y, noise, X_test):
 
     likelihood = gpytorch.likelihoods.FixedNoiseGaussianLikelihood(noise=torch.full_like(yt, noise))
     model = GP(likelihood).double().eval()
-    with torch.no_grad(), gpytorch.settings.fast_computations(False, False, False), gpytorch.settings.max_cholesky_size(
-        10**6
+    with (
+        torch.no_grad(),
+        gpytorch.settings.fast_computations(False, False, False),
+        gpytorch.settings.max_cholesky_size(10**6),
     ):
         return model(torch.as_tensor(X_test)).mean.numpy()
 

@@ -78,7 +78,12 @@ def test_explicit_dtype_and_integer_input():
 
 
 BAD_INPUTS = [
-    ("nan in X", lambda X, y: (np.where(np.arange(X.size).reshape(X.shape) == 4, np.nan, X), y), ValueError, "X: contains 1 NaN"),
+    (
+        "nan in X",
+        lambda X, y: (np.where(np.arange(X.size).reshape(X.shape) == 4, np.nan, X), y),
+        ValueError,
+        "X: contains 1 NaN",
+    ),
     ("inf in y", lambda X, y: (X, np.where(np.arange(y.size) == 2, np.inf, y)), ValueError, "y: contains 1 NaN or inf"),
     ("length mismatch", lambda X, y: (X, y[:-1]), ValueError, "same number of samples"),
     ("1-D X", lambda X, y: (X[:, 0], y), ValueError, r"X: expected a 2-D array.*reshape"),

@@ -148,7 +148,10 @@ def test_entry_points_broken_plugin_and_switches(tmp_path):
         [sys.executable, "-m", "kgp", "plugins"],
         capture_output=True,
         text=True,
-        env={**{k: v for k, v in __import__("os").environ.items() if not k.startswith("KGP_")}, "PYTHONPATH": str(tmp_path)},
+        env={
+            **{k: v for k, v in __import__("os").environ.items() if not k.startswith("KGP_")},
+            "PYTHONPATH": str(tmp_path),
+        },
         timeout=120,
     )
     assert listing.returncode == 0, listing.stderr
