@@ -101,10 +101,7 @@ def load(path: str | os.PathLike, *, device: str | torch.device | None = None):
     model = estimators[state["estimator"]](**{k: v for k, v in params.items() if k != "kernel"})
     model.kernel = params["kernel"] if params["kernel"] is not None else kernel
     model.dtype = dtype
-    predictor_state = {
-        k: (v.to(device=device, dtype=dtype) if torch.is_tensor(v) and v.is_floating_point() else v)
-        for k, v in state["predictor_state"].items()
-    }
+    predictor_state = _to_device(state["predictor_state"], device, dtype)
     model.predictor_ = predictor_cls.from_state(predictor_state, kernel)
     fitted = state["fitted"]
     model.kernel_ = kernel
@@ -124,3 +121,14 @@ def load(path: str | os.PathLike, *, device: str | torch.device | None = None):
         model._y_ndim = fitted["y_ndim"]
         model.n_outputs_ = fitted["n_outputs"]
     return model
+
+
+def _to_device(value, device, dtype):
+    """Move every tensor inside nested dicts / lists to ``device``; floating ones also to ``dtype``."""
+    if torch.is_tensor(value):
+        return value.to(device=device, dtype=dtype) if value.is_floating_point() else value.to(device)
+    if isinstance(value, dict):
+        return {k: _to_device(v, device, dtype) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_device(v, device, dtype) for v in value)
+    return value

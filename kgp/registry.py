@@ -4,7 +4,7 @@ Load order: the core's own hook implementations (the ``kernel_expansion`` predic
 entry point in the ``kgp`` group. kgp's built-in solvers and selectors are entry points of the
 ``kgp`` distribution itself, so they are found exactly like a third party's.
 
-Environment variables (read at first use, see docs/plugins.md):
+Environment variables (read at first use, see docs/plugin-author-guide.md):
 
 ``KGP_DISABLE_ENTRYPOINTS=1``
     Load only the entry points that the ``kgp`` distribution declares (its built-ins), no third
@@ -106,17 +106,16 @@ class Registry:
                 continue
             try:
                 plugin = ep.load()
+                if pm.is_registered(plugin):
+                    continue
+                pm.register(plugin, name=ep.name)  # pluggy validates the hookimpl signatures here
             except Exception as exc:  # a broken plugin must not take the others down
                 message = (
                     f"kgp plugin {ep.name!r} (entry point {ep.value!r} of distribution "
                     f"{dist or 'unknown'}) failed to load and was skipped: {type(exc).__name__}: {exc}"
                 )
-                self.load_failures.append(message)
-                warnings.warn(message, RuntimeWarning, stacklevel=3)
+                self._report_failure(message)
                 continue
-            if pm.is_registered(plugin):
-                continue
-            pm.register(plugin, name=ep.name)
             self._dists[ep.name] = (dist, ep.dist.version if ep.dist is not None else None)
         return pm
 
@@ -134,21 +133,36 @@ class Registry:
             for impl in hook.get_hookimpls():
                 dist, version = self._dists.get(impl.plugin_name, (None, None))
 
-                def add(name, obj, _kind=kind, _plugin=impl.plugin_name, _dist=dist, _version=version):
+                added: list[PluginInfo] = []
+
+                def add(name, obj, _kind=kind, _plugin=impl.plugin_name, _dist=dist, _version=version, _added=added):
                     if not isinstance(name, str) or not name:
                         raise TypeError(f"plugin {_plugin!r} registered a {_kind} with invalid name {name!r}")
-                    info = PluginInfo(name, _kind, obj, _plugin, _dist, _version)
-                    key = (_kind, name)
+                    _added.append(PluginInfo(name, _kind, obj, _plugin, _dist, _version))
+
+                try:
+                    impl.function(register=add)
+                except Exception as exc:  # keep none of its names; the other plugins stay usable
+                    self._report_failure(
+                        f"kgp plugin {impl.plugin_name!r} (distribution {dist or 'unknown'}) raised in "
+                        f"register_{kind}s and was skipped: {type(exc).__name__}: {exc}"
+                    )
+                    continue
+                for info in added:
+                    key = (kind, info.name)
                     if key in entries:
                         conflicts.setdefault(key, [entries[key]]).append(info)
                     else:
                         entries[key] = info
-
-                impl.function(register=add)
         for key, infos in conflicts.items() if warn else ():
             warnings.warn(_conflict_message(key, infos), RuntimeWarning, stacklevel=3)
         self._entries, self._conflicts = entries, conflicts
         return entries
+
+    def _report_failure(self, message: str) -> None:
+        if message not in self.load_failures:  # _collect runs again after every runtime (un)registration
+            self.load_failures.append(message)
+            warnings.warn(message, RuntimeWarning, stacklevel=4)
 
     # ------------------------------------------------------------------ runtime registration
     def register(self, plugin: ModuleType | object, name: str | None = None) -> str:

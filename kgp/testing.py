@@ -41,8 +41,9 @@ check                     passes when
                           match the oracle (skipped without a GPU)
 ``multi_output``          an ``n x 3`` target gives ``n x 3`` predictions, each column within ``rtol``
                           of the oracle; a 1-D target gives 1-D predictions
-``seed``                  the same ``random_state`` gives bit-identical predictions, whatever the
-                          global torch / numpy RNG state (randomness only through the generators)
+``seed``                  the same ``random_state`` gives identical predictions (up to
+                          :data:`REPRO_RTOL`), whatever the global torch / numpy RNG state
+                          (randomness only through the generators)
 ``callback``              the callback receives :class:`kgp.IterationInfo` with increasing 1-based
                           iterations, ``history_`` records them; returning True stops the solver
                           (``iterative=True``: a full run reports >= 2 iterations, a stopped run
@@ -51,7 +52,7 @@ check                     passes when
 ``unknown_option``        an unknown option name raises ValueError naming it and listing the valid ones
 ``invalid_options``       every option dict in ``invalid_options`` raises ValueError / TypeError
                           naming the option
-``save_load``             ``model.save`` / :func:`kgp.load` gives bit-identical predictions
+``save_load``             ``model.save`` / :func:`kgp.load` gives identical predictions
 ``center_weights``        (``uses_centers`` only) centers with random weights D give the same
                           predictions as D = I: the Nystrom estimator does not depend on D
                           (Rudi et al. 2017, Appendix A, Def. 3-4)
@@ -62,8 +63,9 @@ check                     passes when
 Selectors (:func:`check_selector`): a :class:`kgp.Centers` with ``M x d`` finite points in X's dtype
 and device, ``M == n_centers`` (or ``1 <= M <= n_centers`` with ``exact_count=False``), weights
 ``None`` or positive of shape ``(M,)``, indices ``None`` or ``(M,)`` integers with
-``X[indices] == points``, bit-identical output for the same generator seed whatever the global RNG
-state, a valid choice when ``n_centers`` is None, and unknown options rejected.
+``X[indices] == points``, identical output (up to :data:`REPRO_RTOL`) for the same generator seed
+whatever the global RNG state, a valid choice when ``n_centers`` is None, and unknown options
+rejected.
 
 Tolerances are explicit parameters: exact solvers meet the float64 default (1e-6) with room to
 spare; iterative and stochastic solvers set their own.
@@ -86,18 +88,38 @@ from torch import Tensor
 
 from .io import load
 from .kernels import make_kernel
+from .models import KernelRegressor
 from .monitor import IterationInfo
 from .plugin import Centers, Problem, SelectionRequest, merge_options
 from .registry import get_predictor_class, registry
 
 __all__ = [
     "OracleSpec",
+    "REPRO_RTOL",
     "SELECTOR_CHECKS",
     "SOLVER_CHECKS",
     "SelectorConformance",
     "SolverConformance",
     "check_selector",
+    "check_selector_contract",
+    "check_selector_device",
+    "check_selector_in_model",
+    "check_selector_seed",
+    "check_selector_unknown_option",
     "check_solver",
+    "check_solver_callback",
+    "check_solver_center_weights",
+    "check_solver_device",
+    "check_solver_dtype",
+    "check_solver_invalid_options",
+    "check_solver_multi_output",
+    "check_solver_oracle",
+    "check_solver_partial_fit",
+    "check_solver_protocol",
+    "check_solver_save_load",
+    "check_solver_seed",
+    "check_solver_unknown_option",
+    "check_solver_validation_metric",
     "dense_nystrom_mean",
     "dense_posterior_mean",
     "make_oracle_data",
@@ -258,9 +280,7 @@ def _solver_info(name: str):
     return registry.get("solver", name)
 
 
-def _model(name: str, data: OracleData, solver_options: Mapping[str, Any] | None, **params: Any):
-    from .models import KernelRegressor
-
+def _model(name: str, data: OracleData, solver_options: Mapping[str, Any] | None, **params: Any) -> KernelRegressor:
     solver = _solver_info(name).obj
     spec = data.spec
     kwargs: dict[str, Any] = {
@@ -284,6 +304,26 @@ def _check_close(what: str, pred: Tensor, ref: Tensor, rtol: float) -> float:
     if not err <= rtol:
         raise AssertionError(f"{what}: relative error {err:.3e} against the dense float64 oracle > rtol={rtol:.1e}")
     return err
+
+
+REPRO_RTOL: dict[torch.dtype, float] = {torch.float64: 1e-9, torch.float32: 1e-4}
+"""How close "identical" results must be: ``max|a - b| <= rtol * max|b|``.
+
+Not bit-for-bit, because MKL's LAPACK routines (e.g. ``torch.linalg.lstsq``) are not bitwise
+reproducible across memory alignments: on the development machine two identical float64 solves of
+the kit's ill-conditioned Nystrom system differed by 3e-11. A solver drawing from the global RNG
+instead of the problem's generator differs by far more than these bounds."""
+
+
+def _reproduces(a: Tensor, b: Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
+        return False
+    if not a.is_floating_point():
+        return torch.equal(a, b)
+    if a.numel() == 0:
+        return True
+    scale = max(float(b.abs().max()), 1e-30)
+    return float((a - b).abs().max()) <= REPRO_RTOL.get(a.dtype, 1e-9) * scale
 
 
 def _oracle_for(name: str, data: OracleData) -> Tensor:
@@ -381,7 +421,7 @@ def check_solver_protocol(
     rebuilt = get_predictor_class(kind).from_state(state, spec.make_kernel(torch.float64))
     with torch.no_grad():
         again = rebuilt.predict(data.X_test)
-    if not torch.equal(pred, again):
+    if not _reproduces(again, pred):
         raise AssertionError(
             f"solver {name!r}: from_state(state_dict()) predicts differently "
             f"(max abs diff {float((pred - again).abs().max()):.3e})"
@@ -496,7 +536,7 @@ def check_solver_multi_output(
 def check_solver_seed(
     name: str, *, solver_options: Mapping[str, Any] | None = None, spec: OracleSpec = OracleSpec(), **_: Any
 ) -> dict[str, Any]:
-    """Same ``random_state`` -> bit-identical predictions, whatever the global RNG state."""
+    """Same ``random_state`` -> identical predictions (:data:`REPRO_RTOL`), whatever the global RNG state."""
     data = make_oracle_data(spec)
     uses_centers = _solver_info(name).obj.uses_centers
     params: dict[str, Any] = {"random_state": 123}
@@ -510,7 +550,7 @@ def check_solver_seed(
             np.random.seed(global_seed)
             model = _model(name, data, solver_options, **params).fit(data.X, data.y)
             preds.append(model.predict(data.X_test))
-    if not torch.equal(preds[0], preds[1]):
+    if not _reproduces(preds[1], preds[0]):
         diff = float((preds[0] - preds[1]).abs().max())
         raise AssertionError(
             f"solver {name!r}: two fits with random_state=123 differ (max abs diff {diff:.3e}); draw every "
@@ -635,7 +675,7 @@ def check_solver_invalid_options(
 def check_solver_save_load(
     name: str, *, solver_options: Mapping[str, Any] | None = None, spec: OracleSpec = OracleSpec(), **_: Any
 ) -> dict[str, Any]:
-    """``model.save`` then :func:`kgp.load` predicts bit-identically (the file loads weights_only)."""
+    """``model.save`` then :func:`kgp.load` predicts identically (the file loads weights_only)."""
     data = make_oracle_data(spec, n_outputs=2)
     model = _model(name, data, solver_options).fit(data.X, data.y)
     before = model.predict(data.X_test)
@@ -646,7 +686,7 @@ def check_solver_save_load(
     after = loaded.predict(data.X_test)
     if loaded.solver_name_ != name:
         raise AssertionError(f"solver {name!r}: the loaded model names solver {loaded.solver_name_!r}")
-    if not torch.equal(before, after):
+    if not _reproduces(after, before):
         raise AssertionError(
             f"solver {name!r}: predictions after save/load differ "
             f"(max abs diff {float((before - after).abs().max()):.3e})"
@@ -882,7 +922,7 @@ def _validate_centers(name: str, centers: Any, data: OracleData, n_centers: int 
 
 def _same_centers(a: Centers, b: Centers) -> bool:
     def eq(u, v):
-        return (u is None and v is None) or (u is not None and v is not None and torch.equal(u, v))
+        return (u is None and v is None) or (u is not None and v is not None and _reproduces(u, v))
 
     return eq(a.points, b.points) and eq(a.weights, b.weights) and eq(a.indices, b.indices)
 

@@ -31,16 +31,29 @@ from kgp.testing import (
 # iterative ones are approximate by design and state their own bound here.
 SOLVER_CASES: dict[str, dict] = {
     "exact": {"rtol": 1e-8, "rtol_float32": 1e-4},
-    "falkon": {"rtol": 1e-4, "rtol_float32": 1e-2, "iterative": True},
-    "eigenpro": {"rtol": 5e-2, "rtol_float32": 5e-2, "iterative": True},
-    "eigenpro2": {"rtol": 5e-2, "rtol_float32": 5e-2, "iterative": True},
-    "dsg": {"rtol": 0.5, "rtol_float32": 0.5, "iterative": True},
+    # 20 iterations (the default) reach 6e-5 on the oracle problem but only 1e-2 with the kit's random
+    # center weights D, which worsen the preconditioner (the estimator itself does not depend on D).
+    "falkon": {
+        "solver_options": {"maxiter": 50},
+        "rtol": 1e-4,
+        "rtol_float32": 1e-2,
+        "iterative": True,
+        "invalid_options": ({"maxiter": 0}, {"tol": -1.0}),
+    },
+    # Gradient methods approach the ridge solution slowly at sigma^2 = 1e-2. Measured with the default
+    # 10 epochs on the kit's problem (single output / worst of 3 outputs): eigenpro 0.030 / 0.063
+    # (0.023 / 0.032 at 100 epochs), eigenpro2 0.053 / 0.078 (0.009 / 0.017 at 100 epochs).
+    "eigenpro": {"rtol": 0.1, "rtol_float32": 0.1, "iterative": True, "invalid_options": ({"epochs": 0},)},
+    "eigenpro2": {"rtol": 0.1, "rtol_float32": 0.1, "iterative": True, "invalid_options": ({"epochs": 0},)},
+    # Random features + SGD: measured 0.18 / 0.32 with the default 10 passes (0.11 / 0.22 at 30).
+    "dsg": {"rtol": 0.5, "rtol_float32": 0.5, "iterative": True, "invalid_options": ({"batch_size": 0},)},
 }
 DEFAULT_CASE: dict = {"rtol": 1e-2, "rtol_float32": 1e-2}
 
 SELECTOR_CASES: dict[str, dict] = {
     "uniform": {},
     "bless": {"exact_count": False},
+    "bless-r": {"exact_count": False},
 }
 
 
@@ -62,7 +75,9 @@ def test_builtin_solver_conforms(name, check):
 @pytest.mark.parametrize("check", list(SELECTOR_CHECKS))
 @pytest.mark.parametrize("name", BUILTIN_SELECTORS)
 def test_builtin_selector_conforms(name, check):
-    SELECTOR_CHECKS[check](name, **SELECTOR_CASES.get(name, {}))
+    # The in-model check fits FALKON (default 20 iterations) on the selected centers, when it is installed.
+    in_model = {"solver": "falkon", "rtol": 1e-3} if "falkon" in BUILTIN_SOLVERS else {}
+    SELECTOR_CHECKS[check](name, **{**in_model, **SELECTOR_CASES.get(name, {})})
 
 
 def test_exact_is_in_the_parametrisation():
@@ -101,9 +116,9 @@ class RefNystrom:
     def fit(self, problem: Problem):
         if not isinstance(problem.options["jitter"], float) or problem.options["jitter"] < 0:
             raise ValueError(f"jitter: expected a float >= 0, got {problem.options['jitter']!r}")
-        Z = problem.centers
-        dtype = torch.float64 if self.bug == "upcast" else problem.dtype
-        X, y, Z = problem.X.to(dtype), problem.y.to(dtype), Z.to(dtype)
+        # Solve in float64 (small dense test problem) and return the input dtype, unless buggy.
+        dtype = torch.float64
+        X, y, Z = problem.X.to(dtype), problem.y.to(dtype), problem.centers.to(dtype)
         kernel = copy.deepcopy(problem.kernel).to(dtype)
         KnM = kgp.kernel_operator(kernel, X, Z).to_dense()
         KMM = kgp.kernel_operator(kernel, Z).to_dense()
@@ -118,6 +133,8 @@ class RefNystrom:
         if self.bug == "mutate":
             problem.y.mul_(1.0)
             problem.y[0, 0] += 1.0
+        if self.bug != "upcast":
+            kernel, Z, alpha = problem.kernel, problem.centers, alpha.to(problem.dtype)
         problem.monitor.start(3)
         for it in range(1, 4):
             stop = problem.monitor.step(it, lambda: KernelExpansion(kernel, Z, alpha))
@@ -241,3 +258,68 @@ class TestExactThroughBaseClass(SolverConformance):
     solver_name = "exact"
     rtol = 1e-8
     rtol_float32 = 1e-4
+
+
+def test_author_guide_example_solver_passes_the_kit():
+    """The solver printed in docs/plugin-author-guide.md, run as written, with the configuration shown there."""
+    import re
+    import types
+    from pathlib import Path
+
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "plugin-author-guide.md").read_text()
+    source = next(block for block in re.findall(r"```python\n(.*?)```", guide, re.S) if "class MySolver" in block)
+    module = types.ModuleType("guide_plugin")
+    exec(compile(source, "plugin-author-guide.md", "exec"), module.__dict__)
+    kgp.register(module, name="guide-plugin")
+    try:
+        results = check_solver(
+            "my-solver",
+            solver_options={"maxiter": 500},
+            rtol=1e-6,
+            rtol_float32=1e-2,
+            iterative=True,
+            invalid_options=({"maxiter": 0}, {"tol": -1.0}),
+        )
+    finally:
+        kgp.unregister("guide-plugin")
+    assert results["oracle"]["rel_error"] < 1e-6
+    assert results["callback"]["iterations_full"] >= 2
+
+
+def test_device_checks_run_on_an_explicit_device():
+    """The CUDA checks' code path, exercised on the CPU (the machine running CI may have no GPU)."""
+    measured = SOLVER_CHECKS["device"]("exact", device="cpu", rtol=1e-8, rtol_float32=1e-4)
+    assert set(measured) == {"rel_error_cpu_float32", "rel_error_cpu_float64"}
+    assert SELECTOR_CHECKS["device"]("uniform", device="cpu") == {"n_centers": 40}
+
+
+@pytest.fixture(scope="module")
+def example_plugin():
+    """plugins/kgp-example from the source tree, registered at runtime (tests/test_third_party_install.py
+    covers the pip-installed path); reuses it when the distribution is installed and loaded."""
+    import sys
+    from pathlib import Path
+
+    registered = []
+    if "nystrom-direct" not in registry.names("solver"):
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins" / "kgp-example"))
+        try:
+            from kgp_example import kmeanspp, nystrom
+        finally:
+            sys.path.pop(0)
+        for module, name in ((nystrom, "nystrom-direct"), (kmeanspp, "kmeanspp")):
+            kgp.register(module, name=name)
+            registered.append(name)
+    yield
+    for name in registered:
+        kgp.unregister(name)
+
+
+@pytest.mark.parametrize("check", list(SOLVER_CHECKS))
+def test_example_solver_conforms(example_plugin, check):
+    SOLVER_CHECKS[check]("nystrom-direct", rtol=1e-9, rtol_float32=1e-3, invalid_options=({"rcond": -1.0},))
+
+
+@pytest.mark.parametrize("check", list(SELECTOR_CHECKS))
+def test_example_selector_conforms(example_plugin, check):
+    SELECTOR_CHECKS[check]("kmeans++", solver="nystrom-direct", rtol=1e-9)
