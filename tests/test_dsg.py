@@ -1,0 +1,422 @@
+"""Solver ``dsg`` (Dai et al., NIPS 2014) against independent oracles.
+
+Oracles: GPyTorch's own kernel values (random-feature estimates), closed-form kernels, a numpy
+transcription of Algorithm 1, dense Cholesky KRR, a dense float64 Nystrom solve and the ``falkon``
+solver on a real UCI set.
+"""
+
+import math
+
+import gpytorch
+import numpy as np
+import pytest
+import torch
+from conftest import load_uci
+from kgp_builtins.dsg import (
+    RandomFeatureExpansion,
+    RandomFeatureMap,
+    SpectralSampler,
+    spectral_sampler,
+    step_seed,
+)
+from linear_operator.operators import LinearOperator
+
+import kgp
+from kgp.testing import OracleSpec, SolverConformance
+
+F64 = torch.float64
+
+
+def _kernel(name, lengthscale=1.0, outputscale=None, ard=None):
+    if name == "rbf":
+        base = gpytorch.kernels.RBFKernel(ard_num_dims=ard)
+    else:
+        nu = {"laplacian": 0.5, "matern32": 1.5, "matern52": 2.5}[name]
+        base = gpytorch.kernels.MaternKernel(nu=nu, ard_num_dims=ard)
+    base.lengthscale = lengthscale
+    if outputscale is None:
+        return base.to(F64)
+    scaled = gpytorch.kernels.ScaleKernel(base)
+    scaled.outputscale = outputscale
+    return scaled.to(F64)
+
+
+def _pairs(d=3, seed=0):
+    """Points at assorted distances (0.2 to 2.5 lengthscales) from the origin, and the origin."""
+    g = torch.Generator().manual_seed(seed)
+    dirs = torch.randn(5, d, generator=g, dtype=F64)
+    dirs = dirs / dirs.norm(dim=1, keepdim=True)
+    radii = torch.tensor([0.2, 0.5, 1.0, 1.6, 2.5], dtype=F64)
+    return torch.cat([torch.zeros(1, d, dtype=F64), dirs * radii[:, None]])
+
+
+def _gpytorch_values(kernel, X):
+    with torch.no_grad():
+        return kernel(X[:1], X[1:]).to_dense()[0]
+
+
+def _per_feature_products(kernel, X, n_features, seed):
+    """D per-feature products ``D phi_l(x_0) phi_l(x_j)``: their mean is the D-feature estimate."""
+    Phi = RandomFeatureMap(kernel, seed, n_features, 1).features(X)
+    return Phi[:1] * Phi[1:] * n_features  # (points - 1) x D
+
+
+# ------------------------------------------------------------------------------------------------
+# random-feature kernel estimates
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["rbf", "laplacian"])
+def test_rf_kernel_estimate_error_falls_like_inverse_sqrt_D(name):
+    kernel = _kernel(name, lengthscale=0.8)
+    X = _pairs()
+    exact = _gpytorch_values(kernel, X)
+    Ds = [16, 64, 256, 1024, 4096]
+    rms = []
+    for D in Ds:
+        errs = []
+        for rep in range(40):
+            Phi = RandomFeatureMap(kernel, 1000 * D + rep, D, 1).features(X)
+            errs.append(Phi[1:] @ Phi[0] - exact)
+        rms.append(float(torch.stack(errs).square().mean().sqrt()))
+    slope = np.polyfit(np.log(Ds), np.log(rms), 1)[0]
+    assert -0.62 < slope < -0.38, (name, slope, rms)
+
+
+@pytest.mark.parametrize(
+    "name,ard,outputscale",
+    [("rbf", 3, 1.7), ("laplacian", None, None), ("laplacian", 3, 0.6), ("matern32", 3, 2.0), ("matern52", None, 0.9)],
+)
+def test_rf_kernel_estimate_is_unbiased(name, ard, outputscale):
+    """The mean over many features matches GPyTorch's kernel value within 4.5 standard errors."""
+    lengthscale = torch.tensor([[0.7, 1.3, 1.0]], dtype=F64) if ard else 0.9
+    kernel = _kernel(name, lengthscale, outputscale, ard)
+    X = _pairs()
+    exact = _gpytorch_values(kernel, X)
+    prods = torch.cat([_per_feature_products(kernel, X, 2**15, seed) for seed in range(4)], dim=1)
+    mean = prods.mean(dim=1)
+    se = prods.std(dim=1) / math.sqrt(prods.shape[1])
+    z = (mean - exact) / se
+    assert bool((z.abs() < 4.5).all()), (name, mean, exact, z)
+    # and the estimate is informative: the standard errors are small next to the kernel values
+    assert float(se.max()) < 0.02 * (outputscale or 1.0)
+
+
+def test_laplacian_sampler_is_multivariate_cauchy_not_a_product():
+    """GPyTorch's Matern 1/2 uses the Euclidean norm: its spectral density is the multivariate Cauchy.
+
+    A product of d one-dimensional Cauchys estimates exp(-||x - x'||_1 / l) instead; at d = 3 the two
+    kernels differ by far more than the Monte Carlo error, so the test tells them apart.
+    """
+    d, ls = 3, 1.0
+    kernel = _kernel("laplacian", ls)
+    X = _pairs(d)
+    ours = torch.cat([_per_feature_products(kernel, X, 2**15, seed) for seed in range(4)], dim=1)
+    g = torch.Generator().manual_seed(7)
+    D = ours.shape[1]
+    w = torch.distributions.Cauchy(0.0, 1.0).icdf(torch.rand(d, D, generator=g, dtype=F64).clamp(1e-12, 1 - 1e-12))
+    b = torch.rand(D, generator=g, dtype=F64) * 2 * math.pi
+    phi = torch.cos(X @ w / ls + b) * math.sqrt(2.0)
+    prod_products = phi[:1] * phi[1:]
+    l1 = torch.exp(-(X[1:] - X[:1]).abs().sum(1) / ls)
+    l2 = _gpytorch_values(kernel, X)
+    se = ours.std(dim=1) / math.sqrt(D)
+    assert bool(((ours.mean(1) - l2).abs() < 4.5 * se).all())
+    # the product construction matches the L1 kernel, and misses GPyTorch's (L2) kernel
+    se_p = prod_products.std(dim=1) / math.sqrt(D)
+    assert bool(((prod_products.mean(1) - l1).abs() < 4.5 * se_p).all())
+    far = (l1 - l2).abs() > 0.05
+    assert bool(far.any()) and bool(((prod_products.mean(1) - l2).abs()[far] > 10 * se_p[far]).all())
+
+
+def test_matern_samplers_have_the_student_t_tails():
+    """Matern nu: ||z||^2 / d ~ F(d, 2 nu): check the second moment E||z||^2 = d (2 nu) / (2 nu - 2)."""
+    sampler = SpectralSampler("matern52", torch.ones(1, dtype=F64), 1.0)
+    z, b = sampler.sample(123, 4, 200_000)
+    assert abs(float(z.square().sum(0).mean()) - 4 * 5 / 3) < 0.1  # dof 5: E||z||^2 = d * 5 / 3
+    assert 0.0 <= float(b.min()) and float(b.max()) < 2 * math.pi
+    gauss = SpectralSampler("rbf", torch.ones(1, dtype=F64), 1.0).sample(123, 4, 200_000)[0]
+    assert abs(float(gauss.square().sum(0).mean()) - 4.0) < 0.05
+
+
+@pytest.mark.parametrize(
+    "kernel",
+    [
+        gpytorch.kernels.PeriodicKernel(),
+        gpytorch.kernels.LinearKernel(),
+        gpytorch.kernels.MaternKernel(nu=2.5) + gpytorch.kernels.RBFKernel(),
+        gpytorch.kernels.RBFKernel(active_dims=[0]),
+    ],
+)
+def test_kernels_without_a_sampler_are_refused(kernel):
+    with pytest.raises(ValueError, match="no spectral sampler"):
+        spectral_sampler(kernel)
+    X = torch.randn(20, 2, dtype=F64)
+    model = kgp.KernelRegressor(kernel, solver="dsg", noise=0.1)
+    with pytest.raises(ValueError, match="no spectral sampler"):
+        model.fit(X, X[:, 0])
+
+
+def test_sampler_reads_ard_lengthscale_and_outputscale():
+    kernel = _kernel("matern32", torch.tensor([[0.5, 2.0]], dtype=F64), 3.0, ard=2)
+    s = spectral_sampler(kernel)
+    assert s.family == "matern32" and s.outputscale == pytest.approx(3.0)
+    assert torch.allclose(s.lengthscale, torch.tensor([0.5, 2.0], dtype=F64))
+
+
+# ------------------------------------------------------------------------------------------------
+# Algorithm 1 against a numpy transcription
+# ------------------------------------------------------------------------------------------------
+def _numpy_algorithm_1(X, y, kernel, seed, r, T, theta, nu):
+    """Algorithm 1 with full batches, written out as printed: shrink every earlier alpha each step."""
+    sampler = spectral_sampler(kernel)
+    U = X.numpy() / sampler.lengthscale.numpy()
+    amp = math.sqrt(2 * sampler.outputscale / r)
+    feats, alphas = [], []
+    for t in range(1, T + 1):
+        z, b = (a.numpy() for a in sampler.sample(step_seed(seed, t), X.shape[1], r))
+        f = sum((amp * np.cos(U @ zi + bi)) @ ai for (zi, bi), ai in zip(feats, alphas)) if feats else 0 * y
+        gamma = theta / t
+        phi = amp * np.cos(U @ z + b)
+        grad = phi.T @ (f - y) / len(y)
+        alphas = [(1 - gamma * nu) * a for a in alphas]  # alpha_j = (1 - gamma_i nu) alpha_j, j < i
+        alphas.append(-gamma * grad)
+        feats.append((z, b))
+    return np.stack(alphas)
+
+
+@pytest.mark.parametrize("theta_nu", [1.0, 1.5, 2.0])
+def test_solver_matches_numpy_algorithm_1(theta_nu):
+    """Global-scale trick, seeds and update rule against the literal algorithm (t0 = 0: gamma_t = theta / t)."""
+    g = torch.Generator().manual_seed(3)
+    X = torch.rand(25, 2, generator=g, dtype=F64) * 4 - 2
+    y = torch.sin(X.sum(1, keepdim=True))
+    kernel = _kernel("rbf", 1.0)
+    nu = 0.2
+    opts = dict(
+        batch_size=25, features_per_step=8, max_steps=30, passes=100, nu=nu, theta=theta_nu / nu, t0=0.0,
+        gamma_max=1.0, seed=11,
+    )  # fmt: skip
+    for mode in ("cache", "recompute"):
+        problem = kgp.Problem(X=X, y=y, kernel=kernel, noise=1.0, options={**opts, "train_predictions": mode})
+        problem.options = kgp.merge_options("dsg", kgp.get_solver("dsg").option_defaults, problem.options)
+        pred = kgp.get_solver("dsg").fit(problem)
+        ref = _numpy_algorithm_1(X, y.numpy(), kernel, 11, 8, 30, theta_nu / nu, nu)
+        np.testing.assert_allclose(pred.coef.numpy(), ref, rtol=1e-9, atol=1e-12)
+
+
+# ------------------------------------------------------------------------------------------------
+# seeds
+# ------------------------------------------------------------------------------------------------
+def _toy(n=300, d=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.rand(n, d, generator=g, dtype=F64) * 4 - 2
+    y = torch.sin(X @ torch.tensor([1.0, -0.5, 0.3], dtype=F64)[:d]) + 0.05 * torch.randn(n, generator=g, dtype=F64)
+    return X, y
+
+
+def test_same_seed_reproduces_and_other_seed_changes_predictions():
+    X, y = _toy()
+    opts = dict(passes=3, batch_size=32, features_per_step=16)
+    fit = lambda seed: kgp.KernelRegressor("rbf", noise=0.05, solver="dsg", random_state=seed, solver_options=opts)  # noqa: E731
+    a = fit(1).fit(X, y).predict(X)
+    b = fit(1).fit(X, y).predict(X)
+    c = fit(2).fit(X, y).predict(X)
+    assert torch.equal(a, b)
+    assert float((a - c).abs().max()) > 1e-3
+
+
+def test_predict_regenerates_the_training_features():
+    """Training-time values: the cache path keeps f_t on X with features drawn once at each step;
+    the recompute path regenerates every earlier block from its seed at every step (Algorithm 2 inside
+    Algorithm 1). Identical coefficients and predictions mean the seeds are aligned."""
+    X, y = _toy(120)
+    base = dict(passes=3, batch_size=16, features_per_step=8, seed=5)
+    models = {
+        mode: kgp.KernelRegressor(
+            "rbf", noise=0.05, solver="dsg", random_state=0, solver_options={**base, "train_predictions": mode}
+        ).fit(X, y)
+        for mode in ("cache", "recompute")
+    }
+    c1, c2 = models["cache"].predictor_.coef, models["recompute"].predictor_.coef
+    torch.testing.assert_close(c1, c2, rtol=1e-9, atol=1e-12)
+    # predict == Phi @ a with Phi regenerated blockwise from the seeds
+    pred = models["cache"].predictor_
+    Phi = pred.features(X)
+    torch.testing.assert_close(pred.predict(X), Phi @ pred.coef.reshape(-1, 1), rtol=1e-10, atol=1e-12)
+    # and a different seed gives different features
+    other = RandomFeatureMap(pred.kernel, pred.seed + 1, pred.features_per_step, pred.n_steps).features(X)
+    assert float((other - Phi).abs().max()) > 0.1
+
+
+# ------------------------------------------------------------------------------------------------
+# convergence to exact KRR
+# ------------------------------------------------------------------------------------------------
+def test_function_error_to_exact_krr_decays_like_one_over_t():
+    """Thm. 4: E|f_t(x) - f_*(x)|^2 = O(1/t) for gamma_t = theta / t (theta nu = 1, clock offset t0)."""
+    n, nu = 100, 0.02
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(n, 2, generator=g, dtype=F64) * 4 - 2
+    y = torch.sin(X.sum(1)) + 0.1 * torch.randn(n, generator=g, dtype=F64)
+    X_eval = torch.rand(150, 2, generator=g, dtype=F64) * 4 - 2
+    kernel = _kernel("rbf", 1.0)
+    with torch.no_grad():  # f_* = K(x, X) (K + n nu I)^{-1} y by dense Cholesky (lambda = nu)
+        K = kernel(X).to_dense() + n * nu * torch.eye(n, dtype=F64)
+        f_star = kernel(X_eval, X).to_dense() @ torch.cholesky_solve(y[:, None], torch.linalg.cholesky(K))
+    curves = []
+    for seed in range(4):
+        hist = []
+        kgp.KernelRegressor(
+            kernel,
+            noise=n * nu,
+            solver="dsg",
+            random_state=seed,
+            solver_options=dict(batch_size=10, features_per_step=10, max_steps=4000, passes=10**6, report_every=250),
+            callback=lambda info, h=hist: h.append((info.extras["step"], info.metric)),
+        ).fit(X, y, validation_data=(X_eval, f_star))
+        curves.append(hist)
+    steps = np.array([s for s, _ in curves[0]], dtype=float)
+    err = np.array([[m for _, m in c] for c in curves]).mean(0)
+    keep = steps >= 500
+    slope = np.polyfit(np.log(steps[keep]), np.log(err[keep]), 1)[0]
+    assert -1.3 < slope < -0.7, (slope, err)
+    assert err[-1] < 1e-3 * float(f_star.square().mean())
+
+
+# ------------------------------------------------------------------------------------------------
+# real data
+# ------------------------------------------------------------------------------------------------
+def _nystrom_rmse(X, y, Xt, yt, kernel, noise, m, seed):
+    """Dense float64 Nystrom KRR with m uniform centers: (K_nM^T K_nM + sigma^2 K_MM) a = K_nM^T y."""
+    idx = torch.randperm(X.shape[0], generator=torch.Generator().manual_seed(seed))[:m]
+    Z = X[idx]
+    with torch.no_grad():
+        KnM = kernel(X, Z).to_dense()
+        H = KnM.T @ KnM + noise * kernel(Z).to_dense()
+        a = torch.linalg.lstsq(H, KnM.T @ y[:, None]).solution
+        pred = kernel(Xt, Z).to_dense() @ a
+    return float((pred[:, 0] - yt).square().mean().sqrt())
+
+
+def test_real_data_rmse_within_10_percent_of_falkon(shared_data):
+    """UCI protein (3,000 train / 1,000 test, standardised), RBF l = 1, sigma^2 = 0.3; dsg after 5 passes."""
+    Xn, yn = load_uci(shared_data, "protein")
+    perm = np.random.default_rng(0).permutation(len(yn))[:4000]
+    Xn, yn = Xn[perm], yn[perm]
+    mu, sd = Xn[:3000].mean(0), Xn[:3000].std(0)
+    Xn = (Xn - mu) / np.where(sd > 0, sd, 1)
+    yn = (yn - yn[:3000].mean()) / yn[:3000].std()
+    X, y, Xt, yt = (torch.tensor(a) for a in (Xn[:3000], yn[:3000], Xn[3000:], yn[3000:]))
+    noise, kernel = 0.3, _kernel("rbf", 1.0)
+    dsg = kgp.KernelRegressor(
+        kernel, noise=noise, solver="dsg", random_state=0,
+        solver_options=dict(passes=5, batch_size=64, features_per_step=256),
+    ).fit(X, y)  # fmt: skip
+    rmse = float((dsg.predict(Xt) - yt).square().mean().sqrt())
+    nystrom = _nystrom_rmse(X, y, Xt, yt, kernel, noise, 500, 0)
+    assert rmse <= 1.10 * nystrom, (rmse, nystrom)
+    if "falkon" not in kgp.registry.registry.names("solver"):
+        pytest.skip(f"solver 'falkon' not installed: compared with the dense Nystrom solve only (dsg {rmse:.4f})")
+    falkon = kgp.KernelRegressor(kernel, noise=noise, solver="falkon", n_centers=500, random_state=0).fit(X, y)
+    rmse_f = float((falkon.predict(Xt) - yt).square().mean().sqrt())
+    assert rmse <= 1.10 * rmse_f, (rmse, rmse_f)
+
+
+# ------------------------------------------------------------------------------------------------
+# persistence, streaming, linear operator
+# ------------------------------------------------------------------------------------------------
+def test_save_load_round_trip(tmp_path):
+    X, y = _toy()
+    model = kgp.KernelRegressor(
+        "matern32", lengthscale=1.2, noise=0.05, solver="dsg", random_state=3,
+        solver_options=dict(passes=2, batch_size=32, features_per_step=16),
+    ).fit(X, y)  # fmt: skip
+    model.save(tmp_path / "dsg.pt")
+    loaded = kgp.load(tmp_path / "dsg.pt")
+    assert isinstance(loaded.predictor_, RandomFeatureExpansion)
+    assert torch.equal(loaded.predict(X), model.predict(X))
+    # the file holds the coefficients and one seed, nothing of size d
+    state = model.predictor_.state_dict()
+    assert set(state) == {"coef", "seed", "schedule"} and state["coef"].shape == (2 * 10, 16, 1)
+
+
+def test_partial_fit_continues_the_step_counter_and_the_schedule():
+    X, y = _toy(400)
+    opts = dict(batch_size=50, features_per_step=16, partial_fit_passes=1)
+    model = kgp.KernelRegressor("rbf", noise=0.05, solver="dsg", random_state=0, solver_options=opts)
+    model.partial_fit(X[:200], y[:200])
+    first = model.predictor_
+    model.partial_fit(X[200:], y[200:])
+    second = model.predictor_
+    assert first.n_steps == 4 and second.n_steps == 8 and second.seed == first.seed
+    assert second.schedule["n_seen"] == 400 and second.schedule["nu"] == pytest.approx(0.05 / 400)
+    # the earlier blocks are only shrunk: a_i <- prod_{t=5..8} (1 - gamma_t nu) a_i
+    sch = second.schedule
+    shrink = math.prod(1 - sch["theta"] / (t + sch["t0"]) * sch["nu"] for t in range(5, 9))
+    torch.testing.assert_close(second.coef[:4], first.coef * shrink, rtol=1e-10, atol=0)
+    # the new blocks use the features of steps 5..8: predict == features @ coef
+    Phi = second.features(X, range(5, 9))
+    torch.testing.assert_close(
+        second.predict(X) - RandomFeatureExpansion(second.kernel, second.coef[:4], second.seed).predict(X),
+        Phi @ second.coef[4:].reshape(-1, 1),
+    )
+
+
+def test_partial_fit_on_chunks_approaches_fit_on_all():
+    X, y = _toy(1200)
+    Xt, yt = _toy(300, seed=1)
+    opts = dict(batch_size=30, features_per_step=32, passes=3, partial_fit_passes=3)
+    full = kgp.KernelRegressor("rbf", noise=0.05, solver="dsg", random_state=0, solver_options=opts).fit(X, y)
+    stream = kgp.KernelRegressor("rbf", noise=0.05, solver="dsg", random_state=0, solver_options=opts)
+    for chunk in range(4):
+        rows = slice(300 * chunk, 300 * (chunk + 1))
+        stream.partial_fit(X[rows], y[rows])
+    rmse = lambda m: float((m.predict(Xt) - yt).square().mean().sqrt())  # noqa: E731
+    assert stream.predictor_.n_steps == full.predictor_.n_steps
+    assert rmse(stream) < 1.3 * rmse(full) and rmse(full) < 0.5 * float(yt.std())
+
+
+def test_partial_fit_refuses_a_different_number_of_features():
+    X, y = _toy(100)
+    model = kgp.KernelRegressor("rbf", noise=0.05, solver="dsg", solver_options=dict(features_per_step=8))
+    model.partial_fit(X, y)
+    model.solver_options = dict(features_per_step=16)
+    with pytest.raises(ValueError, match="features_per_step"):
+        model.partial_fit(X, y)
+
+
+def test_feature_map_as_linear_operator():
+    X, _ = _toy(60)
+    kernel = _kernel("rbf", 1.5)
+    fmap = RandomFeatureMap(kernel, seed=0, features_per_step=256, n_steps=64)  # D = 16,384
+    op = fmap.operator(X)
+    assert isinstance(op, LinearOperator) and op.shape == (60, 60)
+    v = torch.randn(60, 2, dtype=F64)
+    Phi = fmap.features(X)
+    torch.testing.assert_close(op @ v, Phi @ (Phi.T @ v) / 64)
+    with torch.no_grad():
+        K = kernel(X).to_dense()
+    assert float((op.to_dense() - K).abs().max()) < 0.05
+    with kgp.settings.memory_budget(1024), pytest.raises(ValueError, match="memory_budget"):
+        fmap.operator(X)
+
+
+def test_bad_options_are_named():
+    X, y = _toy(50)
+    for bad, name in [
+        ({"batch_size": 0}, "batch_size"),
+        ({"theta": -1.0}, "theta"),
+        ({"t0": "soon"}, "t0"),
+        ({"train_predictions": "maybe"}, "train_predictions"),
+        ({"features_per_step": 2.5}, "features_per_step"),
+    ]:
+        with pytest.raises(ValueError, match=name):
+            kgp.KernelRegressor("rbf", solver="dsg", solver_options=bad).fit(X, y)
+
+
+class TestDSGConformance(SolverConformance):
+    solver_name = "dsg"
+    solver_options = {"passes": 100, "batch_size": 32, "features_per_step": 64}
+    rtol = 0.1  # stochastic: relative error of the predictions against exact KRR after 100 passes
+    rtol_float32 = 0.1
+    iterative = True
+    invalid_options = ({"passes": 0}, {"nu": -1.0}, {"gamma_max": "big"}, {"seed": -3})
+    spec = OracleSpec()
