@@ -83,6 +83,12 @@ def _check_options(
         raise ValueError(f"score_lambda: expected one of {_SCORE_LAMBDAS}, got {score_lambda!r}")
 
 
+def _check_bool(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name}: expected True or False, got {value!r}")
+    return value
+
+
 def _check_n_centers(n_centers: Any, n: int) -> int | None:
     if n_centers is None:
         return None
@@ -193,7 +199,9 @@ def estimate_leverage_scores(
     lam = _check_inputs(X, kernel, lam)
     _check_options(q=2.0, t=1.0, q2=1.0, linalg_dtype=linalg_dtype)
     if indices.dim() != 1 or a.shape != indices.shape:
-        raise ValueError(f"indices, a: expected two 1-D tensors of equal length, got {tuple(indices.shape)}, {tuple(a.shape)}")
+        raise ValueError(
+            f"indices, a: expected two 1-D tensors of equal length, got {tuple(indices.shape)}, {tuple(a.shape)}"
+        )
     rows = torch.arange(X.shape[0], device=X.device) if rows is None else rows.to(X.device)
     with torch.no_grad():
         est = _ScoreEstimator(X, kernel, indices.to(X.device), a, lam, _work_dtype(X, linalg_dtype))
@@ -311,32 +319,34 @@ def _kappa2(X: Tensor, kernel) -> float:
     return float(kernel_operator(kernel, X).diagonal().max())
 
 
-def _first_distinct(draws: Tensor, m: int) -> Tensor | None:
-    """Prefix of ``draws`` (int64, CPU) up to and including the m-th distinct value; None if < m."""
-    uniq, inverse = torch.unique(draws, return_inverse=True)
+def _first_distinct(values: Tensor, m: int) -> int | None:
+    """Length of the shortest prefix of ``values`` holding m distinct entries; None if it has fewer."""
+    uniq, inverse = torch.unique(values, return_inverse=True)
     if uniq.numel() < m:
         return None
-    first = torch.full((uniq.numel(),), draws.numel(), dtype=torch.long)
-    first.scatter_reduce_(0, inverse, torch.arange(draws.numel()), reduce="amin")
-    cut = int(first.sort().values[m - 1])
-    return draws[: cut + 1]
+    first = torch.full((uniq.numel(),), values.numel(), dtype=torch.long)
+    first.scatter_reduce_(0, inverse, torch.arange(values.numel()), reduce="amin")
+    return int(first.sort().values[m - 1]) + 1
 
 
-def _draw_until_distinct(p: Tensor, m: int, generator: torch.Generator) -> Tensor:
-    """i.i.d. multinomial draws (positions into p) until m distinct ones: keeps multiplicities."""
+def _draw_until_distinct(p: Tensor, labels: Tensor, m: int, generator: torch.Generator) -> Tensor:
+    """i.i.d. draws of positions from p until their ``labels`` hold m distinct values.
+
+    Multiplicities are kept (they enter A and D). Equivalent to successive sampling without
+    replacement for the set, while the counts keep the with-replacement importance weights.
+    """
     draws = torch.empty(0, dtype=torch.long)
-    budget = 100 * m
-    while draws.numel() < budget:
+    while draws.numel() < 100 * m:
         batch = torch.multinomial(p, max(2 * m, 64), replacement=True, generator=generator)
         draws = torch.cat([draws, batch])
-        prefix = _first_distinct(draws, m)
-        if prefix is not None:
-            return prefix
-    # probability mass on fewer than m points in practice: fill up without replacement
-    have = torch.unique(draws)
+        cut = _first_distinct(labels[draws], m)
+        if cut is not None:
+            return draws[:cut]
+    # the mass sits on fewer than m points: complete the set without replacement
     rest = p.clone()
-    rest[have] = 0
-    extra = torch.multinomial(rest, m - have.numel(), replacement=False, generator=generator)
+    rest[torch.isin(labels, labels[draws])] = 0
+    have = torch.unique(labels[draws]).numel()
+    extra = torch.multinomial(rest, m - have, replacement=False, generator=generator)
     return torch.cat([draws, extra])
 
 
@@ -351,6 +361,7 @@ def bless(
     t: float = 1.0,
     q1: float = 2.0,
     q2: float = 3.0,
+    early_stop: bool = False,
     generator: torch.Generator | int | None = None,
     linalg_dtype: str = "float64",
 ) -> BlessResult:
@@ -382,6 +393,10 @@ def bless(
         Oversampling constants of Alg. 1 (candidates per level, centers per unit of d_eff). The
         theoretical values of Thm. 1 are in the hundreds; defaults (2, 3) are measured choices
         (docs/selectors/bless.md).
+    early_stop:
+        Only with ``n_centers``: stop the path at the first lambda_h with ``q2 d_h >= n_centers`` and
+        draw the centers there, i.e. choose ``lambda_bless >= lam`` so that d_eff matches the requested
+        M, as the paper does for FALKON-BLESS (Sec. 4). Cost then stays ~ n_centers^2 / lambda_h.
     generator:
         ``torch.Generator`` (CPU) or int seed for every random draw; None: torch's default seed.
     linalg_dtype:
@@ -395,6 +410,7 @@ def bless(
     _check_options(q=q, t=t, q1=q1, q2=q2, linalg_dtype=linalg_dtype)
     n = X.shape[0]
     n_centers = _check_n_centers(n_centers, n)
+    _check_bool(early_stop, "early_stop")
     gen = _as_generator(generator)
     work = _work_dtype(X, linalg_dtype)
     with torch.no_grad():
@@ -404,23 +420,26 @@ def bless(
         a = torch.empty(0, dtype=work, device=X.device)
         levels: list[dict[str, float]] = []
         for h, lam_h in enumerate(path, start=1):
-            final = h == len(path)
+            last = h == len(path)
+            exact_m = n_centers is not None and (last or early_stop)
             r = math.ceil(q1 * min(kappa2 / lam_h, n))
-            if final and n_centers is not None:
+            if exact_m:  # enough distinct candidates to draw n_centers distinct centers from
                 r = max(r, 2 * n_centers)
             if r >= n:  # a full pass is the R_h = n limit without the duplicate noise
                 r, cand = n, torch.arange(n)
             else:
                 cand = torch.randint(0, n, (r,), generator=gen)
-            if final and n_centers is not None and torch.unique(cand).numel() < n_centers:
-                r, cand = n, torch.arange(n)
             est = _ScoreEstimator(X, kernel, idx, a, lam_h, work)
             scores = est(cand.to(X.device))
-            total = scores.sum()
-            p = (scores / total).cpu()
-            d_h = float(n / r * total)
-            if final and n_centers is not None:
-                pos = _draw_until_distinct(p, n_centers, gen)
+            d_h = float(n / r * scores.sum())
+            stop = n_centers is not None and (last or (early_stop and q2 * d_h >= n_centers))
+            if stop and r < n and torch.unique(cand).numel() < n_centers:
+                r, cand = n, torch.arange(n)
+                scores = est(cand.to(X.device))
+                d_h = float(scores.sum())
+            p = (scores / scores.sum()).cpu()
+            if stop:
+                pos = _draw_until_distinct(p, cand, n_centers, gen)
             else:
                 pos = torch.multinomial(p, max(1, math.ceil(q2 * d_h)), replacement=True, generator=gen)
             n_draws = pos.numel()
@@ -436,9 +455,10 @@ def bless(
             a = (r * n_draws / n) * p_sel / counts.to(device=X.device, dtype=work)
             idx = uniq.to(X.device)
             sel_scores = scores[first_pos.to(X.device)]
-            levels.append(
-                {"lam": lam_h, "candidates": r, "draws": n_draws, "centers": int(idx.numel()), "d_eff": d_h}
-            )
+            levels.append({"lam": lam_h, "candidates": r, "draws": n_draws, "centers": int(idx.numel()), "d_eff": d_h})
+            if stop:
+                path = path[:h]
+                break
         return BlessResult(
             indices=idx,
             a=a.to(X.dtype),
@@ -462,6 +482,7 @@ def bless_r(
     t: float = 1.0,
     q2: float = 3.0,
     score_lambda: str = "current",
+    early_stop: bool = False,
     generator: torch.Generator | int | None = None,
     linalg_dtype: str = "float64",
 ) -> BlessResult:
@@ -483,6 +504,9 @@ def bless_r(
         their scores; A then holds the first-order inclusion probabilities
         ``beta_H min(n_centers l~_j / sum_U l~, 1)``.
 
+    early_stop:
+        As in :func:`bless`.
+
     The other parameters are those of :func:`bless`. When ``p_{h,j} > beta_h`` the inclusion
     probability ``p / beta`` is clipped at 1, so the realised probability (and the A entry) is
     ``min(p, beta)``.
@@ -496,6 +520,7 @@ def bless_r(
     _check_options(q=q, t=t, q2=q2, linalg_dtype=linalg_dtype, score_lambda=score_lambda)
     n = X.shape[0]
     n_centers = _check_n_centers(n_centers, n)
+    _check_bool(early_stop, "early_stop")
     gen = _as_generator(generator)
     work = _work_dtype(X, linalg_dtype)
     with torch.no_grad():
@@ -507,42 +532,51 @@ def bless_r(
         levels: list[dict[str, float]] = []
         lam_prev = max(lam0, path[0])
         for h, lam_h in enumerate(path, start=1):
-            final = h == len(path)
+            last = h == len(path)
+            exact_m = n_centers is not None and (last or early_stop)
             beta = min(q2 * kappa2 / (lam_h * n), 1.0)
-            if final and n_centers is not None:
+            if exact_m:  # enough candidates to draw n_centers distinct centers from
                 beta = max(beta, min(1.0, 2.0 * n_centers / n))
-            if beta >= 1.0:
-                cand = torch.arange(n)
-            else:
-                cand = torch.nonzero(torch.rand(n, generator=gen) < beta).squeeze(1)
-                if final and n_centers is not None and cand.numel() < n_centers:
-                    beta, cand = 1.0, torch.arange(n)
+            cand = torch.arange(n) if beta >= 1.0 else torch.nonzero(torch.rand(n, generator=gen) < beta).squeeze(1)
             lam_score = lam_h if score_lambda == "current" else lam_prev
             est = _ScoreEstimator(X, kernel, idx, a, lam_score, work)
             scores = est(cand.to(X.device))
-            if score_lambda == "current":
-                scores_h = scores
-            else:
-                scores_h = None
-                if final:  # d_eff(lam) needs scores at lam itself
-                    scores_h = _ScoreEstimator(X, kernel, idx, a, lam_h, work)(cand.to(X.device))
-            if final and n_centers is not None:
-                w = (scores_h if scores_h is not None else scores).cpu()
+            scores_h = scores if score_lambda == "current" else None
+            if score_lambda == "previous" and (last or exact_m):  # d_eff(lambda_h) needs scores at lambda_h
+                est = _ScoreEstimator(X, kernel, idx, a, lam_h, work)
+                scores_h = est(cand.to(X.device))
+            d_h = float(scores_h.sum() / beta) if scores_h is not None else float("nan")
+            stop = n_centers is not None and (last or (early_stop and q2 * d_h >= n_centers))
+            if stop and cand.numel() < n_centers:
+                beta, cand = 1.0, torch.arange(n)
+                scores_h = scores = est(cand.to(X.device))
+                d_h = float(scores_h.sum())
+            if stop:
+                w = scores_h.cpu()
                 pos = torch.multinomial(w, n_centers, replacement=False, generator=gen)
                 incl = beta * torch.clamp(n_centers * w[pos] / w.sum(), max=1.0)
+                sel_scores = scores_h[pos.to(X.device)]
             else:
                 p = torch.clamp(q2 * scores.cpu(), max=1.0)
                 keep = torch.rand(cand.numel(), generator=gen) < p / beta
                 pos = torch.nonzero(keep).squeeze(1)
                 incl = torch.clamp(p[pos], max=beta)
+                sel_scores = scores[pos.to(X.device)]
             idx = cand[pos].to(X.device)
             a = incl.to(device=X.device, dtype=work)
-            sel_scores = scores[pos.to(X.device)]
-            d_h = float(scores_h.sum() / beta) if scores_h is not None else float("nan")
             levels.append(
-                {"lam": lam_h, "candidates": int(cand.numel()), "draws": int(pos.numel()), "centers": int(idx.numel()), "d_eff": d_h}
+                {
+                    "lam": lam_h,
+                    "candidates": int(cand.numel()),
+                    "draws": int(pos.numel()),
+                    "centers": int(idx.numel()),
+                    "d_eff": d_h,
+                }
             )
             lam_prev = lam_h
+            if stop:
+                path = path[:h]
+                break
         if idx.numel() == 0:
             raise ValueError(
                 "bless-r selected no centers at the final lambda; increase q2 or pass n_centers explicitly"
@@ -576,6 +610,7 @@ class BlessSelector:
         "q1": 2.0,
         "q2": 3.0,
         "lam": None,
+        "early_stop": False,
         "linalg_dtype": "float64",
     }
 
@@ -590,6 +625,7 @@ class BlessSelector:
             t=o["t"],
             q1=o["q1"],
             q2=o["q2"],
+            early_stop=o["early_stop"],
             generator=request.generator,
             linalg_dtype=o["linalg_dtype"],
         )
@@ -605,6 +641,7 @@ class BlessRSelector:
         "q2": 3.0,
         "lam": None,
         "score_lambda": "current",
+        "early_stop": False,
         "linalg_dtype": "float64",
     }
 
@@ -619,6 +656,7 @@ class BlessRSelector:
             t=o["t"],
             q2=o["q2"],
             score_lambda=o["score_lambda"],
+            early_stop=o["early_stop"],
             generator=request.generator,
             linalg_dtype=o["linalg_dtype"],
         )
