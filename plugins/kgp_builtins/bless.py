@@ -610,7 +610,7 @@ class BlessSelector:
         "q1": 2.0,
         "q2": 3.0,
         "lam": None,
-        "early_stop": False,
+        "early_stop": True,
         "linalg_dtype": "float64",
     }
 
@@ -641,7 +641,7 @@ class BlessRSelector:
         "q2": 3.0,
         "lam": None,
         "score_lambda": "current",
-        "early_stop": False,
+        "early_stop": True,
         "linalg_dtype": "float64",
     }
 
