@@ -15,8 +15,8 @@ Usage::
 
     flock /tmp/kgp-bench.lock env OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bench_falkon.py [--quick] [--scale]
 
-``--quick``: M = 2000 only. ``--scale``: adds the synthetic n = 1,000,000, d = 28, M = 10,000 float32 row
-(several minutes). ``--only-scale``: that row alone.
+``--quick``: M = 2000 only (``--m 5000``: the chosen M only). ``--scale``: adds the synthetic
+n = 1,000,000, d = 28, M = 10,000 float32 row (several minutes). ``--only-scale``: that row alone.
 """
 
 from __future__ import annotations
@@ -175,6 +175,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="M = 2000 only")
     parser.add_argument("--scale", action="store_true", help="add the n = 1e6, d = 28, M = 10k float32 row")
     parser.add_argument("--only-scale", action="store_true", help="run only the scale row")
+    parser.add_argument("--m", type=int, nargs="+", help="airline rows for these M only (default 2000 5000)")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -190,7 +191,7 @@ def main() -> None:
     )
     rows = []
     if not args.only_scale:
-        Ms = (2000,) if args.quick else (2000, 5000)
+        Ms = args.m or ((2000,) if args.quick else (2000, 5000))
         for M in Ms:
             direct = in_subprocess("direct", {"M": M})
             for dtype in ("float32", "float64"):
