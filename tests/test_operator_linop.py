@@ -62,7 +62,7 @@ def make_kernel(name: str, d: int) -> gpytorch.kernels.Kernel:
     elif name == "scale_rbf_ard":
         k = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=d))
         k.base_kernel.lengthscale = torch.linspace(0.8, 1.6, d)
-        k.outputscale = 1.7
+        k.outputscale = 0.5
     elif name.startswith("matern"):
         nu = {"matern12": 0.5, "matern32": 1.5, "matern52": 2.5}[name]
         k = gpytorch.kernels.MaternKernel(nu=nu)

@@ -32,11 +32,16 @@ import gpytorch
 import torch
 from torch import Tensor
 
-__all__ = ["KernelRecipe", "recipe_for"]
+__all__ = ["EXP_FLOOR", "KernelRecipe", "recipe_for"]
 
 _SQRT3 = math.sqrt(3.0)
 _SQRT5 = math.sqrt(5.0)
 _DISTANCE_FAMILIES = ("rbf", "matern12", "matern32", "matern52")
+# factor c folded into the augmented inputs, so the GEMM yields (c r)^2 and exp(-c r) needs no extra pass
+_DISTANCE_FACTOR = {"matern12": 1.0, "matern32": _SQRT3, "matern52": _SQRT5}
+
+EXP_FLOOR = {torch.float32: -80.0, torch.float64: -700.0}
+"""Smallest exponent the fast path passes to ``exp`` (its results stay normal numbers)."""
 
 
 @dataclass(frozen=True)
@@ -94,6 +99,8 @@ class KernelRecipe:
         shape, _ = self.split(hypers)
         if self.is_stationary:
             v = (z if center is None else z - center) / shape.reshape(1, -1)
+            if self.family != "rbf":
+                v = v * _DISTANCE_FACTOR[self.family]
             sq = (v * v).sum(dim=1, keepdim=True)
             ones = torch.ones_like(sq)
             if self.family == "rbf":
@@ -111,6 +118,8 @@ class KernelRecipe:
         shape, _ = self.split(hypers)
         if self.is_stationary:
             u = (x if center is None else x - center) / shape.reshape(1, -1)
+            if self.family != "rbf":
+                u = u * _DISTANCE_FACTOR[self.family]
             sq = (u * u).sum(dim=1, keepdim=True)
             ones = torch.ones_like(sq)
             if self.family == "rbf":
@@ -127,31 +136,33 @@ class KernelRecipe:
 
         ``rows`` and ``cols`` come from :meth:`prepare_rows` / :meth:`prepare_cols`; ``spare`` is a
         second buffer of ``out``'s shape for the Matern 3/2 and 5/2 families.
+
+        The exponent is floored at :data:`EXP_FLOOR` (in the same pass as the clamp that removes
+        rounding noise): ``exp`` of arguments whose result is denormal or underflows ran 20-70x
+        slower on the development CPU, and flush-to-zero did not help (docs/backend.md). Entries
+        below ``exp(EXP_FLOOR)`` (1.8e-35 in float32, 1e-304 in float64) become that value.
         """
         torch.mm(rows, cols.T, out=out)
         family = self.family
-        if family == "rbf":
-            return out.clamp_max_(0.0).exp_()
         if family == "linear":
             return out
         if family == "polynomial":
             return out.pow_(self.power)
-        r = out.clamp_min_(0.0).sqrt_()
+        floor = EXP_FLOOR.get(out.dtype, -80.0)
+        if family == "rbf":
+            return out.clamp_(min=floor, max=0.0).exp_()
+        # distance families: the GEMM gives a^2 with a = c r (c = 1, sqrt 3, sqrt 5 folded into the inputs)
+        a = out.clamp_(min=0.0, max=floor * floor).sqrt_()
         if family == "matern12":
-            return r.neg_().exp_()
+            return a.neg_().exp_()
         assert spare is not None
-        if family == "matern32":
-            a = r.mul_(_SQRT3)
-            torch.neg(a, out=spare).exp_()
-            return a.add_(1.0).mul_(spare)
-        a = r.mul_(_SQRT5)  # matern52
         torch.neg(a, out=spare).exp_()
-        return a.addcmul_(a, a, value=1.0 / 3.0).add_(1.0).mul_(spare)
+        if family == "matern32":
+            return a.add_(1.0).mul_(spare)
+        return a.addcmul_(a, a, value=1.0 / 3.0).add_(1.0).mul_(spare)  # matern52
 
     # ------------------------------------------------------------------ differentiable path
-    def dense(
-        self, x: Tensor, z: Tensor, hypers: tuple[Tensor, ...], kernel, diag_offset: int | None = None
-    ) -> Tensor:
+    def dense(self, x: Tensor, z: Tensor, hypers: tuple[Tensor, ...], kernel, diag_offset: int | None = None) -> Tensor:
         """Differentiable, allocating evaluation of the scaled kernel block k(x, z).
 
         ``diag_offset`` (stationary families, rows of K(X, X)): column of the block's first diagonal
@@ -212,7 +223,10 @@ class KernelRecipe:
 
 def _generic_block(kernel, names, hypers, x, z, *, diag: bool) -> Tensor:
     params = dict(zip(names, hypers))
-    out = torch.func.functional_call(kernel, params, (x, z), {"diag": diag})
+    # Evaluate inside functional_call: a lazily evaluated kernel tensor would run forward later,
+    # with the module's own parameters instead of ``hypers`` (and autograd would miss them).
+    with gpytorch.settings.lazily_evaluate_kernels(False):
+        out = torch.func.functional_call(kernel, params, (x, z), {"diag": diag})
     if not torch.is_tensor(out):
         out = out.diagonal(dim1=-1, dim2=-2) if diag and out.dim() > 1 else out.to_dense()
     if diag:

@@ -8,18 +8,20 @@ each rank its own ``[start, stop)`` and all-reducing the sums is all a sharded v
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from .. import settings
 
-__all__ = ["plan_block_rows", "row_slices", "CACHE_FRIENDLY_ELEMENTS"]
+__all__ = ["plan_block_rows", "row_slices", "CACHE_FRIENDLY_BYTES"]
 
-CACHE_FRIENDLY_ELEMENTS = 1_000_000
-"""Preferred kernel-block size in elements.
+CACHE_FRIENDLY_BYTES = 8_000_000
+"""Preferred kernel-block size in bytes (1000 rows in float32, 500 in float64 at M = 2000).
 
-Measured on the 2-core development machine (docs/backend.md): at M = 2000 a pass is fastest with
-500-1000-row blocks, where the block stays in cache between the GEMM, the nonlinearity and the
-two products; 10k-row blocks were 1.6x slower."""
+Measured with benchmarks/bench_backend.py on the 2-core development machine (docs/backend.md), at
+n = 1e5, M = 2000, d = 10, three runs: float64 was fastest with 500-row blocks in all three, float32
+with 1000-row blocks in two (9% and 15% ahead of 500 rows) and 5% behind 500 rows in the third;
+5000-row blocks were 1.1-1.4x slower (the block no longer stays in cache between the GEMM, the
+nonlinearity and the two products). A byte size matches both dtypes' optimum."""
 
 
 def plan_block_rows(n_rows: int, n_cols: int, itemsize: int, buffers: int = 1) -> int:
@@ -55,7 +57,7 @@ def plan_block_rows(n_rows: int, n_cols: int, itemsize: int, buffers: int = 1) -
         )
     if forced is not None:
         return max(1, min(forced, n_rows, by_budget))
-    preferred = max(64, CACHE_FRIENDLY_ELEMENTS // max(1, n_cols))
+    preferred = max(64, CACHE_FRIENDLY_BYTES // (max(1, n_cols) * itemsize))
     return max(1, min(n_rows, by_budget, preferred))
 
 

@@ -15,7 +15,7 @@ Design (docs/backend.md):
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import gpytorch
 import torch
@@ -72,6 +72,16 @@ def kernel_operator(kernel: gpytorch.kernels.Kernel, x1: Tensor, x2: Tensor | No
     return KernelOperator(x1, x2, *hypers, kernel=kernel, recipe=recipe)
 
 
+def _signature(*tensors: Tensor) -> tuple:
+    """Identity of the tensors' current contents (storage, in-place version, layout)."""
+    return tuple((t.data_ptr(), _version(t), t.dtype, t.device, tuple(t.shape), t.stride()) for t in tensors)
+
+
+def _version(t: Tensor) -> int:
+    # inference-mode tensors have no version counter (and cannot be modified in place outside it)
+    return -1 if t.is_inference() else t._version
+
+
 class KernelOperator(LinearOperator):
     r"""Lazy ``K(x1, x2)`` (or its transpose), evaluated in row blocks of ``x1``.
 
@@ -96,6 +106,9 @@ class KernelOperator(LinearOperator):
     batch_shape:
         Leading batch dimensions of a broadcast view (every batch entry is the same matrix). Only
         linear_operator's own batch algebra creates these; solvers use 2-D operators.
+    cache:
+        Prepared inputs, buffers and the stored K of another operator on the same tensors (used
+        when linear_operator rebuilds the operator; ignored if the tensors differ).
     """
 
     def __init__(
@@ -107,10 +120,12 @@ class KernelOperator(LinearOperator):
         recipe: KernelRecipe,
         transposed: bool = False,
         batch_shape: tuple[int, ...] = (),
+        cache: dict | None = None,
     ):
         if x1.dim() != 2 or x2.dim() != 2:
             raise ValueError(
-                f"KernelOperator: expected 2-D inputs (n x d, m x d), got shapes {tuple(x1.shape)} and {tuple(x2.shape)}"
+                "KernelOperator: expected 2-D inputs (n x d, m x d), got shapes "
+                f"{tuple(x1.shape)} and {tuple(x2.shape)}"
             )
         if x1.shape[1] != x2.shape[1]:
             raise ValueError(f"KernelOperator: x1 has {x1.shape[1]} features but x2 has {x2.shape[1]}")
@@ -120,8 +135,21 @@ class KernelOperator(LinearOperator):
                 f"and {x2.dtype}/{x2.device}"
             )
         batch_shape = tuple(int(s) for s in batch_shape)
+        key = _signature(x1, x2, *hypers)
+        if cache is None or cache.get("key") != key:
+            cache = {"key": key}
+        # The cache travels as a kwarg: linear_operator rebuilds the operator from its representation
+        # inside every product (Matmul), and the rebuilt one must find the prepared inputs, buffers
+        # and stored K. The key (storage, version, dtype, shape) keeps it from outliving its tensors.
         super().__init__(
-            x1, x2, *hypers, kernel=kernel, recipe=recipe, transposed=transposed, batch_shape=batch_shape
+            x1,
+            x2,
+            *hypers,
+            kernel=kernel,
+            recipe=recipe,
+            transposed=transposed,
+            batch_shape=batch_shape,
+            cache=cache,
         )
         self.x1 = x1
         self.x2 = x2
@@ -130,7 +158,7 @@ class KernelOperator(LinearOperator):
         self.recipe = recipe
         self.transposed = transposed
         self.batch_shape_ = batch_shape
-        self._cache: dict = {}
+        self._cache: dict = cache
 
     def _view(self, *, transposed: bool | None = None, batch_shape: tuple[int, ...] | None = None) -> KernelOperator:
         """Same matrix, other orientation / batch view; shares prepared inputs, buffers and stored K."""
@@ -142,8 +170,8 @@ class KernelOperator(LinearOperator):
             recipe=self.recipe,
             transposed=self.transposed if transposed is None else transposed,
             batch_shape=self.batch_shape_ if batch_shape is None else batch_shape,
+            cache=self._cache,
         )
-        out._cache = self._cache
         return out
 
     # ------------------------------------------------------------------ structure
@@ -243,27 +271,46 @@ class KernelOperator(LinearOperator):
         return buf
 
     def _stored(self) -> Tensor | None:
-        """The whole unscaled K(x1, x2), if ``kernel_cache="auto"`` and it fits the memory budget."""
+        """The whole unscaled K(x1, x2) when ``kernel_cache="auto"`` allows it, else ``None``.
+
+        Stored from the operator's second product on (a single product, e.g. a prediction, never
+        pays for the n x M write), and only if the matrix plus one block of scratch fits
+        ``kgp.settings.memory_budget``. Products read it directly; :meth:`blocks` copies from it.
+        """
         if "stored" in self._cache:
             return self._cache["stored"]
         if settings.kernel_cache.value() != "auto" or self.recipe.family == "generic":
             return None
+        uses = self._cache.get("uses", 0) + 1
+        self._cache["uses"] = uses
+        if uses < 2:
+            return None
         n, m = self.shape_nm
-        if n * m * self.x1.element_size() > settings.memory_budget.value():
+        itemsize = self.x1.element_size()
+        spare_rows = self.block_rows() if self.recipe.buffers_needed > 1 else 0
+        if (n + spare_rows) * m * itemsize > settings.memory_budget.value():
             return None
         stored = torch.empty(n, m, dtype=self.x1.dtype, device=self.x1.device)
-        with settings.kernel_cache("never"):
-            for rows, block in self.blocks():
-                stored[rows] = block
+        spare = torch.empty(spare_rows, m, dtype=stored.dtype, device=stored.device) if spare_rows else None
+        with torch.no_grad():
+            for rows in row_slices(0, n, max(1, spare_rows or self.block_rows())):
+                b = rows.stop - rows.start
+                self._fill(rows, stored[rows], None if spare is None else spare[:b])
         self._cache["stored"] = stored
         return stored
+
+    def _fill(self, rows: slice, out: Tensor, spare: Tensor | None) -> None:
+        self.recipe.fill(self._rows(rows), self._cols(), out, spare)
+        if self.recipe.is_stationary and self._same_inputs():
+            # k(x, x) = 1 exactly; the augmented GEMM leaves ~sqrt(eps) there for Matern 1/2
+            out.diagonal(offset=rows.start).fill_(1.0)
 
     def blocks(self, start: int = 0, stop: int | None = None) -> Iterator[tuple[slice, Tensor]]:
         """Yield ``(row_slice, block)`` with the **unscaled** kernel block for rows of ``x1``.
 
-        The block is a view of a reused buffer: consume it before advancing the iterator. This is
-        the separable unit of the backend (a sharded version hands each rank its own range).
-        Multiply by :meth:`outputscale` for the scaled kernel. No autograd.
+        The block is a view of a reused buffer: consume it before advancing the iterator (writing
+        into it is allowed). This is the separable unit of the backend (a sharded version hands
+        each rank its own range). Multiply by :meth:`outputscale` for the scaled kernel. No autograd.
 
         Parameters
         ----------
@@ -274,21 +321,34 @@ class KernelOperator(LinearOperator):
         stop = n if stop is None else stop
         if not 0 <= start <= stop <= n:
             raise ValueError(f"blocks: expected 0 <= start <= stop <= {n}, got start={start}, stop={stop}")
+        yield from self._block_views(start, stop, copy=True)
+
+    def _block_views(self, start: int, stop: int, copy: bool) -> Iterator[tuple[slice, Tensor]]:
+        """Unscaled blocks; from the stored matrix when there is one (copied into the buffer if ``copy``)."""
+        key = _signature(self.x1, self.x2, *self.hypers)
+        if self._cache.get("key") != key:
+            # an input was modified in place: prepared inputs and stored K are stale
+            self._cache.clear()
+            self._cache["key"] = key
         if self.recipe.family == "generic":
             yield from self._generic_blocks(start, stop)
             return
         rows_per_block = self.block_rows()
+        stored = self._stored()
+        if stored is not None and not copy:
+            for rows in row_slices(start, stop, rows_per_block):
+                yield rows, stored[rows]
+            return
         main, spare = self._buffers(rows_per_block)
-        cols = self._cols()
-        fix_diagonal = self.recipe.is_stationary and self._same_inputs()
         with torch.no_grad():
             for rows in row_slices(start, stop, rows_per_block):
                 b = rows.stop - rows.start
                 out = main[:b]
-                self.recipe.fill(self._rows(rows), cols, out, None if spare is None else spare[:b])
-                if fix_diagonal:
-                    # k(x, x) = 1 exactly; the augmented GEMM leaves ~sqrt(eps) there for Matern 1/2
-                    out.diagonal(offset=rows.start).fill_(1.0)
+                if stored is not None:
+                    # a copy, so that a caller writing into its block cannot corrupt the stored matrix
+                    out.copy_(stored[rows])
+                else:
+                    self._fill(rows, out, None if spare is None else spare[:b])
                 yield rows, out
 
     def _generic_blocks(self, start: int, stop: int) -> Iterator[tuple[slice, Tensor]]:
@@ -317,13 +377,9 @@ class KernelOperator(LinearOperator):
             parts = [self._dense_rows(rows) @ v for rows in row_slices(0, n, self.block_rows(True))]
             return torch.cat(parts, dim=0)
         scale = self._scale()
-        stored = self._stored()
-        if stored is not None:
-            out = stored @ v
-        else:
-            out = torch.empty(n, v.shape[1], dtype=v.dtype, device=v.device)
-            for rows, block in self.blocks():
-                torch.mm(block, v, out=out[rows])
+        out = torch.empty(n, v.shape[1], dtype=v.dtype, device=v.device)
+        for rows, block in self._block_views(0, n, copy=False):
+            torch.mm(block, v, out=out[rows])
         return out if scale is None else out.mul_(scale)
 
     def _k_t_matmul(self, u: Tensor) -> Tensor:
@@ -336,13 +392,9 @@ class KernelOperator(LinearOperator):
                 acc = part if acc is None else acc + part
             return acc if acc is not None else u.new_zeros(m, u.shape[1])
         scale = self._scale()
-        stored = self._stored()
-        if stored is not None:
-            out = stored.T @ u
-        else:
-            out = torch.zeros(m, u.shape[1], dtype=u.dtype, device=u.device)
-            for rows, block in self.blocks():
-                out.addmm_(block.T, u[rows])
+        out = torch.zeros(m, u.shape[1], dtype=u.dtype, device=u.device)
+        for rows, block in self._block_views(0, n, copy=False):
+            out.addmm_(block.T, u[rows])
         return out if scale is None else out.mul_(scale)
 
     def fused_matmul(self, v: Tensor, w: Tensor | None = None) -> Tensor:
@@ -377,37 +429,33 @@ class KernelOperator(LinearOperator):
         self._product_dtype_check(v2)
         if w2 is not None:
             self._product_dtype_check(w2)
-        grads = torch.is_grad_enabled() and (
-            self._needs_grad() or v2.requires_grad or (w2 is not None and w2.requires_grad)
-        )
-        if grads or self.recipe.family == "generic":
-            # Matmul's backward streams blocks (_bilinear_derivative): memory stays per block.
-            base = self._view(transposed=False, batch_shape=())
-            kv = base.matmul(v2)
-            out = base._transpose_nonbatch().matmul(kv if w2 is None else kv + w2)
-            return out.squeeze(-1) if vector else out
+        base = self._view(transposed=False, batch_shape=())
+        args = (base.x1, base.x2, *base.hypers)
+        tracked = (v2, *args) if w2 is None else (v2, w2, *args)
+        if torch.is_grad_enabled() and any(t.requires_grad for t in tracked):
+            out = _FusedMatmul.apply(base, v2, w2, *args)
+        else:
+            out = base._fused_pass(v2, w2)
+        return out.squeeze(-1) if vector else out
+
+    def _fused_pass(self, v: Tensor, w: Tensor | None) -> Tensor:
+        """One pass of K^T (K v + w) without autograd (the per-block K v lands in a reused buffer)."""
+        _, m = self.shape_nm
         scale = self._scale()
         with torch.no_grad():
             # fold the outputscale into v: one m x k product instead of one per block
-            vs = v2 if scale is None else v2 * scale
-            stored = self._stored()
-            if stored is not None:
-                inner = stored @ vs
-                if w2 is not None:
-                    inner.add_(w2)
-                out = stored.T @ inner
-            else:
-                out = torch.zeros(m, v2.shape[1], dtype=v2.dtype, device=v2.device)
-                scratch = self._scratch(self.block_rows(), v2.shape[1])
-                for rows, block in self.blocks():
-                    inner = scratch[: rows.stop - rows.start]
-                    torch.mm(block, vs, out=inner)
-                    if w2 is not None:
-                        inner.add_(w2[rows])
-                    out.addmm_(block.T, inner)
+            vs = v if scale is None else v * scale
+            out = torch.zeros(m, v.shape[1], dtype=v.dtype, device=v.device)
+            scratch = self._scratch(self.block_rows(), v.shape[1])
+            for rows, block in self._block_views(0, self.shape_nm[0], copy=False):
+                inner = scratch[: block.shape[0]]
+                torch.mm(block, vs, out=inner)
+                if w is not None:
+                    inner.add_(w[rows])
+                out.addmm_(block.T, inner)
             if scale is not None:
                 out.mul_(scale)
-        return out.squeeze(-1) if vector else out
+        return out
 
     # ------------------------------------------------------------------ LinearOperator API
     def _matmul(self, rhs: Tensor) -> Tensor:
@@ -470,11 +518,7 @@ class KernelOperator(LinearOperator):
                         g = next(got)
                         if g is not None:
                             grad_rest[i] = g if grad_rest[i] is None else grad_rest[i] + g
-        out = [grad_x1]
-        for i, t in enumerate(targets):
-            g = grad_rest[i]
-            out.append(torch.zeros_like(t) if (g is None and t.requires_grad) else g)
-        return tuple(out)
+        return (grad_x1, *grad_rest)
 
     def _diag_offset(self, rows: slice) -> int | None:
         """Column of the block's first diagonal entry for K(X, X) with a stationary kernel, else None."""
@@ -526,8 +570,11 @@ class KernelOperator(LinearOperator):
 
     def _getitem(self, row_index, col_index, *batch_indices):
         simple = all(isinstance(i, slice) or (torch.is_tensor(i) and i.dim() == 1) for i in (row_index, col_index))
-        if batch_indices or not simple:
+        plain_batch = all(isinstance(i, (int, slice)) for i in batch_indices)
+        if not simple or not plain_batch:
             return super()._getitem(row_index, col_index, *batch_indices)
+        # batch entries are identical: integer/slice batch indices only change the batch shape
+        batch_shape = tuple(torch.empty(self.batch_shape_, device="meta")[tuple(batch_indices)].shape)
         if self.transposed:
             row_index, col_index = col_index, row_index
         return KernelOperator(
@@ -537,6 +584,7 @@ class KernelOperator(LinearOperator):
             kernel=self.kernel,
             recipe=self.recipe,
             transposed=self.transposed,
+            batch_shape=batch_shape,
         )
 
     # batch views: every batch entry is the same matrix, so they only change the reported shape
@@ -553,3 +601,41 @@ class KernelOperator(LinearOperator):
 
     def __repr__(self) -> str:
         return f"KernelOperator({' x '.join(map(str, self.shape))}, family={self.recipe.family}, dtype={self.dtype})"
+
+
+class _FusedMatmul(torch.autograd.Function):
+    r"""Autograd for :meth:`KernelOperator.fused_matmul`: a single fast forward pass, streamed backward.
+
+    With :math:`y = K^\top (K v + w)` and incoming gradient :math:`g`:
+    :math:`\partial v = K^\top K g`, :math:`\partial w = K g`, and the representation tensors get the
+    bilinear derivative of :math:`(K v + w)^\top K g + (K g)^\top K v`, i.e. left vectors
+    ``[K v + w, K g]`` against right vectors ``[g, v]`` (one block-streamed pass).
+    """
+
+    @staticmethod
+    def forward(ctx, op: KernelOperator, v: Tensor, w: Tensor | None, *args: Tensor) -> Tensor:
+        out = op._fused_pass(v, w)
+        ctx.op = op
+        ctx.has_w = w is not None
+        # K v + w (n x k) is recomputed in backward: keeping it would cost n x M for v = I_M
+        ctx.save_for_backward(v, w if w is not None else v.new_empty(0))
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        op: KernelOperator = ctx.op
+        v, w = ctx.saved_tensors
+        needs_v, needs_w = ctx.needs_input_grad[1], ctx.needs_input_grad[2]
+        needs_args = any(ctx.needs_input_grad[3:])
+        grad = grad.contiguous()
+        kg = op._k_matmul(grad) if (needs_v or needs_w or needs_args) else None
+        grad_v = op._k_t_matmul(kg) if needs_v else None
+        grad_w = kg if (needs_w and ctx.has_w) else None
+        if needs_args:
+            inner = op._k_matmul(v)
+            if ctx.has_w:
+                inner = inner + w
+            arg_grads = op._bilinear_derivative(torch.cat([inner, kg], dim=1), torch.cat([grad, v], dim=1))
+        else:
+            arg_grads = (None,) * (len(ctx.needs_input_grad) - 3)
+        return (None, grad_v, grad_w, *arg_grads)
