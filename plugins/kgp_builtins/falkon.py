@@ -195,9 +195,7 @@ class FalkonSolver:
                 f"solver option 'precond_dtype': expected one of {_PRECOND_DTYPES}, got {opts['precond_dtype']!r}"
             )
         if opts["kernel_cache"] not in ("auto", "never"):
-            raise ValueError(
-                f"solver option 'kernel_cache': expected 'auto' or 'never', got {opts['kernel_cache']!r}"
-            )
+            raise ValueError(f"solver option 'kernel_cache': expected 'auto' or 'never', got {opts['kernel_cache']!r}")
         return {
             "kernel_cache": opts["kernel_cache"],
             "maxiter": int(maxiter),
