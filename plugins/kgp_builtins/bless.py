@@ -601,41 +601,41 @@ def _selector_lam(request: SelectionRequest, options: dict[str, Any]) -> float:
     return _positive(lam, "lam")
 
 
-class BlessSelector:
-    """Selector ``bless``: :func:`bless` (Alg. 1) at ``request.lam`` (or the ``lam`` option)."""
+class _BlessFamilySelector:
+    """Adapter from the selector contract to :func:`bless` / :func:`bless_r`.
 
-    option_defaults: dict[str, Any] = {
-        "q": 2.0,
-        "t": 1.0,
-        "q1": 2.0,
-        "q2": 3.0,
-        "lam": None,
-        "early_stop": True,
-        "linalg_dtype": "float64",
-    }
+    The option names are exactly the keyword arguments of ``run`` besides the data, so one
+    ``select`` serves both algorithms.
+    """
+
+    def __init__(self, run, option_defaults: dict[str, Any]):
+        self._run = run
+        self.option_defaults = option_defaults
 
     def select(self, request: SelectionRequest) -> Centers:
-        o = request.options
-        result = bless(
+        options = dict(request.options)
+        lam = _selector_lam(request, options)
+        options.pop("lam", None)
+        result = self._run(
             request.X,
             request.kernel,
-            _selector_lam(request, o),
+            lam,
             n_centers=request.n_centers,
-            q=o["q"],
-            t=o["t"],
-            q1=o["q1"],
-            q2=o["q2"],
-            early_stop=o["early_stop"],
             generator=request.generator,
-            linalg_dtype=o["linalg_dtype"],
+            **options,
         )
         return result.to_centers(request.X)
 
 
-class BlessRSelector:
-    """Selector ``bless-r``: :func:`bless_r` (Alg. 2) at ``request.lam`` (or the ``lam`` option)."""
+BlessSelector = _BlessFamilySelector(
+    bless,
+    {"q": 2.0, "t": 1.0, "q1": 2.0, "q2": 3.0, "lam": None, "early_stop": True, "linalg_dtype": "float64"},
+)
+"""Selector ``bless``: :func:`bless` (Alg. 1) at ``request.lam`` (or the ``lam`` option)."""
 
-    option_defaults: dict[str, Any] = {
+BlessRSelector = _BlessFamilySelector(
+    bless_r,
+    {
         "q": 2.0,
         "t": 1.0,
         "q2": 3.0,
@@ -643,27 +643,12 @@ class BlessRSelector:
         "score_lambda": "current",
         "early_stop": True,
         "linalg_dtype": "float64",
-    }
-
-    def select(self, request: SelectionRequest) -> Centers:
-        o = request.options
-        result = bless_r(
-            request.X,
-            request.kernel,
-            _selector_lam(request, o),
-            n_centers=request.n_centers,
-            q=o["q"],
-            t=o["t"],
-            q2=o["q2"],
-            score_lambda=o["score_lambda"],
-            early_stop=o["early_stop"],
-            generator=request.generator,
-            linalg_dtype=o["linalg_dtype"],
-        )
-        return result.to_centers(request.X)
+    },
+)
+"""Selector ``bless-r``: :func:`bless_r` (Alg. 2) at ``request.lam`` (or the ``lam`` option)."""
 
 
 @kgp.hookimpl
 def register_selectors(register) -> None:
-    register("bless", BlessSelector())
-    register("bless-r", BlessRSelector())
+    register("bless", BlessSelector)
+    register("bless-r", BlessRSelector)

@@ -55,7 +55,7 @@ import torch
 from torch import Tensor
 
 import kgp
-from kgp.plugin import KernelExpansion, Problem
+from kgp.plugin import KernelExpansion, Problem, merge_options
 
 __all__ = ["FalkonSolver"]
 
@@ -162,13 +162,8 @@ class FalkonSolver:
     # ------------------------------------------------------------------ checks
     @staticmethod
     def _check_options(options: dict[str, Any]) -> dict[str, Any]:
-        opts = {**FalkonSolver.option_defaults, **options}
-        unknown = sorted(set(options) - set(FalkonSolver.option_defaults))
-        if unknown:
-            raise ValueError(
-                f"unknown option(s) {unknown} for solver 'falkon'; valid options: "
-                f"{', '.join(sorted(FalkonSolver.option_defaults))}"
-            )
+        # the model merges and checks names (kgp.merge_options); a direct fit(problem) call gets the same check
+        opts = merge_options("solver 'falkon'", FalkonSolver.option_defaults, options)
         maxiter = opts["maxiter"]
         if isinstance(maxiter, bool) or not isinstance(maxiter, Integral) or maxiter < 1:
             raise ValueError(f"solver option 'maxiter': expected a positive integer, got {maxiter!r}")
