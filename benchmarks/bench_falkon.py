@@ -134,6 +134,7 @@ def run_falkon(cfg: dict) -> dict:
         "base_rss_mb": base_rss,
         "peak_rss_mb": fit_rss,
         "residual": hist[-1].extras.get("residual"),
+        "factorization": f"{hist[0].extras.get('factorization')}/{hist[0].extras.get('rank')}",
     }
 
 
@@ -217,11 +218,12 @@ def print_row(r: dict, header: bool) -> None:
         print(
             f"{'data':>9} {'n':>8} {'M':>6} {'dtype':>8} {'fit s':>7} {'setup s':>8} {'s/iter':>7} {'1 pass s':>8} "
             f"{'iters':>5} {'test MSE':>9} {'direct MSE':>10} {'base RSS MB':>11} {'peak RSS MB':>11}"
+            f" {'factor/rank':>16}"
         )
     print(
         f"{r['data']:>9} {r['n']:>8} {r['M']:>6} {r['dtype']:>8} {r['fit_s']:>7.2f} {r['setup_s']:>8.2f} "
         f"{r['per_iter_s']:>7.3f} {r['pass_s']:>8.3f} {r['iters']:>5} {r['test_mse']:>9.4f} {r['direct_mse']:>10.4f} "
-        f"{r['base_rss_mb']:>11.0f} {r['peak_rss_mb']:>11.0f}",
+        f"{r['base_rss_mb']:>11.0f} {r['peak_rss_mb']:>11.0f} {r['factorization']:>16}",
         flush=True,
     )
 

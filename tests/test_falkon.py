@@ -186,8 +186,15 @@ def test_weights_from_bless_like_scores_need_no_special_case():
 
 @pytest.mark.parametrize(
     "dtype,options",
-    [(F64, {}), (F64, {"factorization": "eigh"}), (torch.float32, {}), (F64, {"jitter": 0.0})],
-    ids=["f64-auto", "f64-eigh", "f32-auto", "f64-nojitter"],
+    [
+        (F64, {}),
+        (F64, {"factorization": "eigh"}),
+        (torch.float32, {}),
+        (F64, {"jitter": 0.0}),
+        (F64, {"factorization": "pivoted"}),
+        (torch.float32, {"factorization": "pivoted"}),
+    ],
+    ids=["f64-auto", "f64-eigh", "f32-auto", "f64-nojitter", "f64-pivoted", "f32-pivoted"],
 )
 def test_duplicate_centers_predict_like_deduplicated(dtype, options):
     X, y = synthetic(n=1500, d=3, seed=2, dtype=dtype)
@@ -213,7 +220,7 @@ def test_duplicate_centers_predict_like_deduplicated(dtype, options):
 def test_cholesky_only_raises_on_singular_kmm():
     X, y = synthetic(n=300, d=2)
     Z = torch.cat([X[:40], X[:40]])
-    with pytest.raises(ValueError, match="factorization='eigh'"):
+    with pytest.raises(ValueError, match="factorization='auto', 'pivoted' or 'eigh'"):
         fit(X, y, Z, 0.1, factorization="cholesky", jitter=0.0)
 
 
@@ -386,6 +393,9 @@ def test_float32_small_lambda_does_not_diverge(shared_data):
     X64, y64 = X32.double(), y32.double()
     mon = kgp.Monitor()
     p32 = fit(X32, y32, X32[:M], lam * n, monitor=mon)
+    # the float32 auto check found eigenvalues below eps32 * max and took the truncated eigh
+    assert mon.history[0].extras["factorization"] == "eigh"
+    assert mon.history[0].extras["rank"] < M
     res = [h.extras["residual"] for h in mon.history]
     assert len(res) == 20 and all(np.isfinite(res))
     assert max(res[1:]) < 1.0 and res[-1] < 0.05
@@ -398,6 +408,118 @@ def test_float32_small_lambda_does_not_diverge(shared_data):
 
     assert abs(mse(p32) - mse(p64)) <= 0.01 * mse(p64)
     assert abs(mse(p32) - mse(p64_same)) <= 0.002 * mse(p64_same)
+
+
+def test_float32_auto_takes_cholesky_when_no_eigenvalue_would_be_dropped():
+    # Well-resolved K_MM (smallest eigenvalue far above eps32 * largest): the truncated eigh would
+    # keep every direction, so auto uses the cheaper Cholesky; B'B'^T is the same matrix, so both
+    # give the same iterates up to float32 rounding, and both the dense float64 Nystrom solution.
+    X, y = synthetic(n=2000, d=5, seed=3, dtype=torch.float32)
+    Z = X[:150]
+    G = dense(rbf(1.0), Z.to(F64), Z.to(F64))
+    s = torch.linalg.eigvalsh(G)
+    assert s[0] > 100 * torch.finfo(torch.float32).eps * s[-1]  # the premise of this test
+    mon = kgp.Monitor()
+    auto = fit(X, y, Z, 0.5, monitor=mon, maxiter=40, tol=0.0)
+    assert mon.history[0].extras["factorization"] == "cholesky"
+    assert mon.history[0].extras["rank"] == 150
+    eig = fit(X, y, Z, 0.5, maxiter=40, tol=0.0, factorization="eigh")
+    assert rel(auto.alpha, eig.alpha) < 1e-4
+    oracle = direct_nystrom(rbf(1.0), X, y, Z, 0.5)
+    assert rel(auto.alpha, oracle) < 1e-4
+
+
+def test_extreme_eigenvalue_estimates_bracket_eigvalsh():
+    from kgp_builtins.falkon import _largest_eigenvalue, _smallest_eigenvalue
+
+    for lengthscale, M in ((0.7, 300), (2.0, 300), (1.0, 40)):
+        Z = torch.randn(M, 3, generator=torch.Generator().manual_seed(M), dtype=F64)
+        G = dense(rbf(lengthscale), Z, Z)
+        G.diagonal().add_(1e-6)
+        s = torch.linalg.eigvalsh(G)
+        lmin, lmax = _smallest_eigenvalue(torch.linalg.cholesky(G)), _largest_eigenvalue(G)
+        # Rayleigh quotients: lmin is an upper bound, lmax a lower bound; both close after 15 steps
+        assert s[0] * (1 - 1e-9) <= lmin <= 2 * s[0]
+        assert 0.999 * s[-1] <= lmax <= s[-1] * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_scaled_product_cholesky_lapack_path(dtype):
+    from kgp_builtins.falkon import _upper_cholesky_of_scaled_product
+
+    Z = torch.randn(200, 3, generator=torch.Generator().manual_seed(1), dtype=F64)
+    G = dense(rbf(1.0), Z, Z) + 1e-3 * torch.eye(200, dtype=F64)
+    L = torch.linalg.cholesky(G).to(dtype)
+    A = _upper_cholesky_of_scaled_product(L, 1 / 200, 1e-4)
+    assert A.dtype == dtype and torch.equal(A, A.triu())
+    expected = (L.mT @ L).double() / 200 + 1e-4 * torch.eye(200, dtype=F64)
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    assert rel(A.mT.double() @ A.double(), expected) < tol
+    # not positive definite: reported, not raised
+    assert _upper_cholesky_of_scaled_product(L, 1 / 200, -1.0) is None
+
+
+def test_pivoted_full_rank_matches_direct_nystrom():
+    # every pivot above the threshold: Q = a permutation, the preconditioner of Example 1.1
+    X, y = synthetic(n=1200, d=4, seed=5)
+    Z = X[:100]
+    mon = kgp.Monitor()
+    pred = fit(X, y, Z, 0.3, monitor=mon, factorization="pivoted", maxiter=60, tol=0.0)
+    assert mon.history[0].extras["factorization"] == "pivoted"
+    assert mon.history[0].extras["rank"] == 100
+    assert rel(pred.alpha, direct_nystrom(rbf(1.0), X, y, Z, 0.3)) < 1e-6
+
+
+def test_pivoted_weighted_centers_match_dense_weighted_nystrom():
+    X, y = synthetic(n=1000, d=3, seed=6)
+    Z = X[:80]
+    w = torch.linspace(0.5, 2.0, 80, dtype=F64)
+    pred = fit(X, y, Z, 0.2, weights=w, factorization="pivoted", maxiter=80, tol=0.0)
+    assert rel(pred.alpha, direct_nystrom(rbf(1.0), X, y, Z, 0.2, weights=w)) < 1e-6
+
+
+def test_pivoted_drops_dependent_centers_with_zero_coefficients():
+    X, y = synthetic(n=800, d=2, seed=7)
+    Z0 = X[:50]
+    Z = torch.cat([Z0, Z0[:20]])
+    mon = kgp.Monitor()
+    pred = fit(X, y, Z, 0.2, monitor=mon, factorization="pivoted", maxiter=60, tol=0.0)
+    assert mon.history[0].extras["rank"] == 50
+    # one coefficient per distinct center, the duplicate's is exactly zero
+    assert int((pred.alpha[:, 0] != 0).sum()) == 50
+    assert rel(pred.predict(X), dense(rbf(1.0), X, Z0) @ direct_nystrom(rbf(1.0), X, y, Z0, 0.2)) < 1e-6
+
+
+def test_float32_pivoted_small_lambda_does_not_diverge(shared_data):
+    # the fast path for large M with low numerical rank: same setting as the eigh test above
+    X, y = load_uci(shared_data, "tamielectric")
+    Xtr, ytr, Xte, yte = zscore_split(X, y, 10_000, 3_000)
+    mu, sd = ytr.mean(), ytr.std()
+    ytr, yte = (ytr - mu) / sd, (yte - mu) / sd
+    n, M, lam = Xtr.shape[0], 500, 1e-9
+    X32, y32 = torch.from_numpy(Xtr).float(), torch.from_numpy(ytr).float()[:, None]
+    mon = kgp.Monitor()
+    p32 = fit(X32, y32, X32[:M], lam * n, monitor=mon, factorization="pivoted")
+    assert mon.history[0].extras["rank"] < M // 2
+    res = [h.extras["residual"] for h in mon.history]
+    assert all(np.isfinite(res)) and max(res[1:]) < 1.0 and res[-1] < 0.2
+    p64 = fit(X32.double(), y32.double(), X32[:M].double(), lam * n)
+    Xte_t, yte_t = torch.from_numpy(Xte), torch.from_numpy(yte)
+
+    def mse(pred):
+        return float(((pred.predict(Xte_t.to(pred.alpha.dtype)).double()[:, 0] - yte_t) ** 2).mean())
+
+    assert abs(mse(p32) - mse(p64)) <= 0.01 * mse(p64)
+
+
+def test_float32_precond_dtype_input_matches_float64_oracle():
+    X, y = synthetic(n=1500, d=4, seed=8, dtype=torch.float32)
+    Z = X[:100]
+    pred = fit(X, y, Z, 0.5, precond_dtype="input", maxiter=40, tol=0.0)
+    assert pred.alpha.dtype == torch.float32
+    K = dense(rbf(1.0), X.to(F64), Z.to(F64))
+    oracle = direct_nystrom(rbf(1.0), X, y, Z, 0.5)
+    assert rel(K @ pred.alpha.double(), K @ oracle) < 1e-4
 
 
 def test_float32_small_lambda_matches_float64_on_airline(shared_data):

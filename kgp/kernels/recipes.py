@@ -37,8 +37,11 @@ __all__ = ["EXP_FLOOR", "KernelRecipe", "recipe_for"]
 _SQRT3 = math.sqrt(3.0)
 _SQRT5 = math.sqrt(5.0)
 _DISTANCE_FAMILIES = ("rbf", "matern12", "matern32", "matern52")
-# factor c folded into the augmented inputs, so the GEMM yields (c r)^2 and exp(-c r) needs no extra pass
-_DISTANCE_FACTOR = {"matern12": 1.0, "matern32": _SQRT3, "matern52": _SQRT5}
+_LOG2E = math.log2(math.e)
+# factor c folded into the augmented inputs, so the GEMM yields (c r)^2 and exp(-c r) needs no extra
+# pass. Matern 1/2 and the RBF fold in log2(e) as well and call exp2: 1.5x faster than exp in float32
+# on the development CPU (docs/backend.md), at a relative error of the order the GEMM already makes.
+_DISTANCE_FACTOR = {"matern12": _LOG2E, "matern32": _SQRT3, "matern52": _SQRT5}
 
 EXP_FLOOR = {torch.float32: -80.0, torch.float64: -700.0}
 """Smallest exponent the fast path passes to ``exp`` (its results stay normal numbers)."""
@@ -104,8 +107,8 @@ class KernelRecipe:
             sq = (v * v).sum(dim=1, keepdim=True)
             ones = torch.ones_like(sq)
             if self.family == "rbf":
-                # exp(u.v - |u|^2/2 - |v|^2/2): the GEMM yields the exponent directly
-                return torch.cat([v, ones, -0.5 * sq], dim=1)
+                # exp(u.v - |u|^2/2 - |v|^2/2) = exp2(log2(e) (...)): the GEMM yields the base-2 exponent
+                return torch.cat([v, ones, -0.5 * sq], dim=1).mul_(_LOG2E)
             return torch.cat([-2.0 * v, ones, sq], dim=1)
         if self.family == "linear":
             return z * shape.reshape(1, 1)
@@ -150,11 +153,12 @@ class KernelRecipe:
             return out.pow_(self.power)
         floor = EXP_FLOOR.get(out.dtype, -80.0)
         if family == "rbf":
-            return out.clamp_(min=floor, max=0.0).exp_()
-        # distance families: the GEMM gives a^2 with a = c r (c = 1, sqrt 3, sqrt 5 folded into the inputs)
-        a = out.clamp_(min=0.0, max=floor * floor).sqrt_()
+            return out.clamp_(min=floor * _LOG2E, max=0.0).exp2_()
+        # distance families: the GEMM gives a^2 with a = c r (c = log2 e, sqrt 3, sqrt 5 folded into the inputs)
         if family == "matern12":
-            return a.neg_().exp_()
+            limit = floor * _LOG2E
+            return out.clamp_(min=0.0, max=limit * limit).sqrt_().neg_().exp2_()
+        a = out.clamp_(min=0.0, max=floor * floor).sqrt_()
         assert spare is not None
         torch.neg(a, out=spare).exp_()
         if family == "matern32":
