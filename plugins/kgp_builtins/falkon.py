@@ -296,17 +296,16 @@ class FalkonSolver:
             # G lies at or below rcond * max, i.e. if the truncated eigh of Example 2 would keep every
             # direction and so build the same preconditioner; otherwise that eigh. Directions below
             # eps32 of the top one are invisible to float32 kernel passes and made CG diverge at
-            # lambda = 1e-9 through any jitter (docs/solvers/falkon.md, "float32 robustness").
+            # lambda = 1e-9 through any jitter (docs/solvers/falkon.md, "Numerics").
             method = "cholesky_or_eigh" if problem.dtype == torch.float64 else "checked_cholesky_or_eigh"
         if method in ("cholesky", "cholesky_or_eigh", "checked_cholesky_or_eigh"):
+            checked = method == "checked_cholesky_or_eigh"
             jitter = opts["jitter"]
             if jitter is None:
                 # the paper's M eps. The checked float32 path judges the spectrum of G itself, so its
                 # jitter stays far below eps32: M eps64.
-                checked = method == "checked_cholesky_or_eigh"
                 jitter = M * (torch.finfo(torch.float64).eps if checked else eps)
             G.diagonal().add_(jitter * mean_diag)
-            checked = method == "checked_cholesky_or_eigh"
             lmax = _largest_eigenvalue(G) if checked else 0.0
             L, info = torch.linalg.cholesky_ex(G)
             del G
