@@ -83,6 +83,22 @@ def zscore_split(X, y, n_train, n_test, seed=0):
     return X[tr], y[tr], X[te], y[te]
 
 
+def tamielectric_float32(shared):
+    """UCI tamielectric: 10,000 float32 training points (n x 1 targets) and 3,000 float64 test
+    points, features and target standardised with training statistics."""
+    X, y = load_uci(shared, "tamielectric")
+    Xtr, ytr, Xte, yte = zscore_split(X, y, 10_000, 3_000)
+    mu, sd = ytr.mean(), ytr.std()
+    ytr, yte = (ytr - mu) / sd, (yte - mu) / sd
+    X32, y32 = torch.from_numpy(Xtr).float(), torch.from_numpy(ytr).float()[:, None]
+    return X32, y32, torch.from_numpy(Xte), torch.from_numpy(yte)
+
+
+def heldout_mse(pred, Xte, yte) -> float:
+    """Test MSE of a fitted expansion, computed in float64."""
+    return float(((pred.predict(Xte.to(pred.alpha.dtype)).double()[:, 0] - yte) ** 2).mean())
+
+
 def load_uci(shared, name):
     with gzip.open(shared / "uci" / f"{name}.csv.gz", "rt") as fh:
         raw = np.loadtxt(fh, delimiter=",")
@@ -382,14 +398,10 @@ def test_airline_20_iterations_within_1pct_of_direct_nystrom(shared_data, dtype)
 def test_float32_small_lambda_does_not_diverge(shared_data):
     # UCI tamielectric (d = 3) at lambda = 1e-9: K_MM is numerically rank deficient at float32
     # precision. Measured: float32 with a Cholesky preconditioner (any jitter) diverges here
-    # (residual 1.1 -> 4.9, test MSE +40%). The default float32 path (Example 2, eigenvalues below
-    # eps32 * max dropped) converges and matches float64 in test MSE.
-    X, y = load_uci(shared_data, "tamielectric")
-    Xtr, ytr, Xte, yte = zscore_split(X, y, 10_000, 3_000)
-    mu, sd = ytr.mean(), ytr.std()
-    ytr, yte = (ytr - mu) / sd, (yte - mu) / sd
-    n, M, lam = Xtr.shape[0], 500, 1e-9
-    X32, y32 = torch.from_numpy(Xtr).float(), torch.from_numpy(ytr).float()[:, None]
+    # (residual 1.1 -> 4.9, test MSE +40%). The default float32 path sees eigenvalues below
+    # eps32 * max, takes Example 2 with them dropped, converges and matches float64 in test MSE.
+    X32, y32, Xte, yte = tamielectric_float32(shared_data)
+    n, M, lam = X32.shape[0], 500, 1e-9
     X64, y64 = X32.double(), y32.double()
     mon = kgp.Monitor()
     p32 = fit(X32, y32, X32[:M], lam * n, monitor=mon)
@@ -401,10 +413,9 @@ def test_float32_small_lambda_does_not_diverge(shared_data):
     assert max(res[1:]) < 1.0 and res[-1] < 0.05
     p64 = fit(X64, y64, X64[:M], lam * n)  # float64 default: Cholesky, no truncation
     p64_same = fit(X64, y64, X64[:M], lam * n, factorization="eigh", rcond=torch.finfo(torch.float32).eps)
-    Xte_t, yte_t = torch.from_numpy(Xte), torch.from_numpy(yte)
 
     def mse(pred):
-        return float(((pred.predict(Xte_t.to(pred.alpha.dtype)).double()[:, 0] - yte_t) ** 2).mean())
+        return heldout_mse(pred, Xte, yte)
 
     assert abs(mse(p32) - mse(p64)) <= 0.01 * mse(p64)
     assert abs(mse(p32) - mse(p64_same)) <= 0.002 * mse(p64_same)
@@ -450,13 +461,15 @@ def test_scaled_product_cholesky_lapack_path(dtype):
     Z = torch.randn(200, 3, generator=torch.Generator().manual_seed(1), dtype=F64)
     G = dense(rbf(1.0), Z, Z) + 1e-3 * torch.eye(200, dtype=F64)
     L = torch.linalg.cholesky(G).to(dtype)
-    A = _upper_cholesky_of_scaled_product(L, 1 / 200, 1e-4)
-    assert A.dtype == dtype and torch.equal(A, A.triu())
     expected = (L.mT @ L).double() / 200 + 1e-4 * torch.eye(200, dtype=F64)
     tol = 1e-5 if dtype == torch.float32 else 1e-12
-    assert rel(A.mT.double() @ A.double(), expected) < tol
-    # not positive definite: reported, not raised
-    assert _upper_cholesky_of_scaled_product(L, 1 / 200, -1.0) is None
+    # the LAPACK path (CPU default) and the GEMM path (other devices) give the same factor
+    for use_lapack in (None, False):
+        A = _upper_cholesky_of_scaled_product(L, 1 / 200, 1e-4, use_lapack=use_lapack)
+        assert A.dtype == dtype and torch.equal(A, A.triu())
+        assert rel(A.mT.double() @ A.double(), expected) < tol
+        # not positive definite: reported, not raised
+        assert _upper_cholesky_of_scaled_product(L, 1 / 200, -1.0, use_lapack=use_lapack) is None
 
 
 def test_pivoted_full_rank_matches_direct_nystrom():
@@ -492,24 +505,16 @@ def test_pivoted_drops_dependent_centers_with_zero_coefficients():
 
 def test_float32_pivoted_small_lambda_does_not_diverge(shared_data):
     # the fast path for large M with low numerical rank: same setting as the eigh test above
-    X, y = load_uci(shared_data, "tamielectric")
-    Xtr, ytr, Xte, yte = zscore_split(X, y, 10_000, 3_000)
-    mu, sd = ytr.mean(), ytr.std()
-    ytr, yte = (ytr - mu) / sd, (yte - mu) / sd
-    n, M, lam = Xtr.shape[0], 500, 1e-9
-    X32, y32 = torch.from_numpy(Xtr).float(), torch.from_numpy(ytr).float()[:, None]
+    X32, y32, Xte, yte = tamielectric_float32(shared_data)
+    n, M, lam = X32.shape[0], 500, 1e-9
     mon = kgp.Monitor()
     p32 = fit(X32, y32, X32[:M], lam * n, monitor=mon, factorization="pivoted")
     assert mon.history[0].extras["rank"] < M // 2
     res = [h.extras["residual"] for h in mon.history]
     assert all(np.isfinite(res)) and max(res[1:]) < 1.0 and res[-1] < 0.2
     p64 = fit(X32.double(), y32.double(), X32[:M].double(), lam * n)
-    Xte_t, yte_t = torch.from_numpy(Xte), torch.from_numpy(yte)
-
-    def mse(pred):
-        return float(((pred.predict(Xte_t.to(pred.alpha.dtype)).double()[:, 0] - yte_t) ** 2).mean())
-
-    assert abs(mse(p32) - mse(p64)) <= 0.01 * mse(p64)
+    mse32, mse64 = heldout_mse(p32, Xte, yte), heldout_mse(p64, Xte, yte)
+    assert abs(mse32 - mse64) <= 0.01 * mse64
 
 
 def test_float32_precond_dtype_input_matches_float64_oracle():

@@ -39,7 +39,7 @@ _SQRT5 = math.sqrt(5.0)
 _DISTANCE_FAMILIES = ("rbf", "matern12", "matern32", "matern52")
 _LOG2E = math.log2(math.e)
 # factor c folded into the augmented inputs, so the GEMM yields (c r)^2 and exp(-c r) needs no extra
-# pass. Matern 1/2 and the RBF fold in log2(e) as well and call exp2: 1.5x faster than exp in float32
+# pass. Matern 1/2 and the RBF fold in log2(e) as well and call exp2: 1.6x faster than exp in float32
 # on the development CPU (docs/backend.md), at a relative error of the order the GEMM already makes.
 _DISTANCE_FACTOR = {"matern12": _LOG2E, "matern32": _SQRT3, "matern52": _SQRT5}
 

@@ -473,14 +473,19 @@ def _from_cholesky(
     return _Preconditioner(lam=lam, d=d, T=T, A=A, keep=keep, m=m, method=method)
 
 
-def _upper_cholesky_of_scaled_product(L: Tensor, scale: float, shift: float) -> Tensor | None:
+def _upper_cholesky_of_scaled_product(
+    L: Tensor, scale: float, shift: float, use_lapack: bool | None = None
+) -> Tensor | None:
     """Upper triangular ``A`` with ``A^T A = scale * L^T L + shift * I`` (None if not positive definite).
 
     On the CPU, LAPACK ``?lauum`` forms ``L^T L`` from the triangle (M^3 / 3 flops against 2 M^3 for a
     GEMM: 7.5 s instead of 25 s at M = 10,000 in float64 here) and ``?potrf`` factors it in place,
-    so one M x M array is allocated besides ``L``. Elsewhere: a GEMM and ``torch.linalg.cholesky_ex``.
+    so one M x M array is allocated besides ``L``. Elsewhere (or with ``use_lapack=False``): a GEMM
+    and ``torch.linalg.cholesky_ex``.
     """
-    if L.device.type == "cpu" and L.dtype in (torch.float32, torch.float64):
+    if use_lapack is None:
+        use_lapack = L.device.type == "cpu" and L.dtype in (torch.float32, torch.float64)
+    if use_lapack:
         from scipy.linalg import lapack
 
         double = L.dtype == torch.float64
