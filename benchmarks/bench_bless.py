@@ -103,9 +103,7 @@ def fit_predict(X, y, Xt, centers, kernel, noise: float, use_falkon: bool, maxit
             y=y.reshape(-1, 1),
             kernel=kernel,
             noise=noise,
-            centers=centers.points,
-            center_weights=centers.weights,
-            center_indices=centers.indices,
+            centers=centers,
             options=kgp.merge_options("falkon", solver.option_defaults, {"maxiter": maxiter}),
         )
         pred = solver.fit(problem).predict(Xt)[:, 0]

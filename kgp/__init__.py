@@ -13,8 +13,7 @@ Solvers and center selectors are plugins picked by name (``kgp plugins`` lists t
 from . import settings
 from ._version import __version__
 from .hookspecs import hookimpl
-from .io import load
-from .models import KernelClassifier, KernelRegressor
+from .models import KernelClassifier, KernelRegressor, load
 from .monitor import IterationInfo, Monitor
 from .operators import KernelOperator, kernel_operator
 from .plugin import Centers, Problem, SelectionRequest, default_n_centers, merge_options

@@ -36,11 +36,14 @@ def register_solvers(register) -> None:
       :class:`kgp.plugin.Problem` (regularisation convention: GP noise variance sigma^2 =
       ``problem.noise``; the per-sample lambda of FALKON/BLESS is ``problem.lam = noise / n``).
       Multi-output targets are columns of ``problem.y``. Iterative solvers call
-      ``problem.monitor.step(...)`` once per iteration and stop when it returns True.
+      ``problem.monitor.step(...)`` once per iteration and stop when it returns True (the model
+      owns the monitor and closes it).
       Use ``problem.generator`` for all randomness, ``problem.kernel_operator(...)`` for every
       kernel product, and keep the dtype/device of ``problem.X``;
     - optionally ``partial_fit(problem, previous) -> Predictor`` to continue from a previous
-      predictor on a new chunk of data (streaming); ``previous`` is None on the first chunk.
+      predictor on a new chunk of data (streaming); ``previous`` is None on the first chunk;
+    - optionally ``needs_grad = True``: the model runs ``fit`` / ``partial_fit`` under
+      ``torch.no_grad()`` otherwise.
     """
 
 
@@ -55,7 +58,8 @@ def register_selectors(register) -> None:
     the noise / lambda, a seeded ``torch.Generator`` and the options. The returned
     :class:`kgp.plugin.Centers` holds the points, optional weights (the diagonal of FALKON's D
     matrix, Appendix A: weighted Nystrom), optional indices into the training set and a dict of
-    diagnostics (e.g. estimated leverage scores).
+    diagnostics (e.g. estimated leverage scores). ``select`` runs under ``torch.no_grad()``
+    unless the selector sets ``needs_grad = True``.
     """
 
 

@@ -62,6 +62,28 @@ class Predictor(Protocol):
 
 
 @dataclass
+class Centers:
+    """Result of a center selector.
+
+    Attributes
+    ----------
+    points:
+        ``M x d`` centers.
+    weights:
+        Optional length-M diagonal of FALKON's D (Appendix A, Def. 2); None means D = I.
+    indices:
+        Optional indices into the training inputs.
+    info:
+        Diagnostics (e.g. ``"leverage_scores"``, ``"d_eff"``).
+    """
+
+    points: Tensor
+    weights: Tensor | None = None
+    indices: Tensor | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class Problem:
     """Everything a solver needs to fit one model.
 
@@ -76,13 +98,10 @@ class Problem:
     noise:
         GP noise variance sigma^2 (> 0). See the module docstring for lambda conversions.
     centers:
-        ``M x d`` Nystrom centers / inducing points, or None for solvers with ``uses_centers=False``.
-        Not necessarily training points.
-    center_weights:
-        Optional length-M weights: the diagonal of FALKON's D matrix (weighted Nystrom, e.g. from
-        leverage-score sampling). None means uniform (D = I).
-    center_indices:
-        Optional indices of the centers in ``X`` (when they are training points).
+        The Nystrom centers / inducing points as a :class:`Centers` (``points``: ``M x d``, not
+        necessarily training points; ``weights``: optional diagonal of FALKON's D matrix, weighted
+        Nystrom, None meaning D = I; ``indices``: optional positions in ``X``), or None for solvers
+        with ``uses_centers=False``. A bare ``M x d`` tensor is accepted and wrapped.
     options:
         Solver options, already merged with the solver's ``option_defaults`` and checked for unknown
         names.
@@ -97,12 +116,18 @@ class Problem:
     y: Tensor
     kernel: gpytorch.kernels.Kernel
     noise: float
-    centers: Tensor | None = None
-    center_weights: Tensor | None = None
-    center_indices: Tensor | None = None
+    centers: Centers | None = None
     options: dict[str, Any] = field(default_factory=dict)
     generator: torch.Generator = field(default_factory=lambda: torch.Generator().manual_seed(0))
     monitor: Monitor = field(default_factory=Monitor)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.centers, Tensor):
+            self.centers = Centers(points=self.centers)
+        elif self.centers is not None and not isinstance(self.centers, Centers):
+            raise TypeError(
+                f"Problem.centers: expected a kgp.Centers, an (M x d) tensor or None, got {type(self.centers).__name__}"
+            )
 
     @property
     def n(self) -> int:
@@ -131,7 +156,12 @@ class Problem:
 
 
 class Solver(Protocol):
-    """What ``register(name, solver)`` in :func:`kgp.hookspecs.register_solvers` expects."""
+    """What ``register(name, solver)`` in :func:`kgp.hookspecs.register_solvers` expects.
+
+    ``needs_grad`` (optional, default False): the model runs ``fit`` under ``torch.no_grad()``
+    unless it is True, so that an iterative solver does not build an autograd graph across its
+    iterations by accident.
+    """
 
     option_defaults: Mapping[str, Any]
     uses_centers: bool
@@ -176,30 +206,12 @@ class SelectionRequest:
         return kernel_operator(self.kernel, x1, x2)
 
 
-@dataclass
-class Centers:
-    """Result of a center selector.
-
-    Attributes
-    ----------
-    points:
-        ``M x d`` centers.
-    weights:
-        Optional length-M diagonal of FALKON's D (Appendix A, Def. 2); None means D = I.
-    indices:
-        Optional indices into the training inputs.
-    info:
-        Diagnostics (e.g. ``"leverage_scores"``, ``"d_eff"``).
-    """
-
-    points: Tensor
-    weights: Tensor | None = None
-    indices: Tensor | None = None
-    info: dict[str, Any] = field(default_factory=dict)
-
-
 class CenterSelector(Protocol):
-    """What ``register(name, selector)`` in :func:`kgp.hookspecs.register_selectors` expects."""
+    """What ``register(name, selector)`` in :func:`kgp.hookspecs.register_selectors` expects.
+
+    ``needs_grad`` (optional, default False): as for :class:`Solver`, ``select`` runs under
+    ``torch.no_grad()`` unless it is True.
+    """
 
     option_defaults: Mapping[str, Any]
 

@@ -86,9 +86,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .io import load
 from .kernels import make_kernel
-from .models import KernelRegressor
+from .models import KernelRegressor, load
 from .monitor import IterationInfo
 from .plugin import Centers, Problem, SelectionRequest, merge_options
 from .registry import get_predictor_class, registry
@@ -385,8 +384,7 @@ def check_solver_protocol(
         y=data.y.clone(),
         kernel=kernel,
         noise=spec.noise,
-        centers=data.centers.clone() if solver.uses_centers else None,
-        center_indices=data.center_indices.clone() if solver.uses_centers else None,
+        centers=Centers(data.centers.clone(), indices=data.center_indices.clone()) if solver.uses_centers else None,
         options=merge_options(f"solver {name!r}", defaults, solver_options),
         generator=torch.Generator().manual_seed(1),
     )
@@ -394,7 +392,7 @@ def check_solver_protocol(
     for label, before, after in (("X", data.X, problem.X), ("y", data.y, problem.y)):
         if not torch.equal(before, after):
             raise AssertionError(f"solver {name!r}: fit modified problem.{label} in place")
-    if solver.uses_centers and not torch.equal(data.centers, problem.centers):
+    if solver.uses_centers and not torch.equal(data.centers, problem.centers.points):
         raise AssertionError(f"solver {name!r}: fit modified problem.centers in place")
     kind = getattr(predictor, "kind", None)
     if not isinstance(kind, str):
@@ -714,9 +712,7 @@ def check_solver_center_weights(
         y=data.y,
         kernel=spec.make_kernel(torch.float64),
         noise=spec.noise,
-        centers=data.centers,
-        center_weights=weights,
-        center_indices=data.center_indices,
+        centers=Centers(data.centers, weights=weights, indices=data.center_indices),
         options=merge_options(f"solver {name!r}", solver.option_defaults, solver_options),
         generator=torch.Generator().manual_seed(1),
     )

@@ -118,13 +118,13 @@ class RefNystrom:
             raise ValueError(f"jitter: expected a float >= 0, got {problem.options['jitter']!r}")
         # Solve in float64 (small dense test problem) and return the input dtype, unless buggy.
         dtype = torch.float64
-        X, y, Z = problem.X.to(dtype), problem.y.to(dtype), problem.centers.to(dtype)
+        X, y, Z = problem.X.to(dtype), problem.y.to(dtype), problem.centers.points.to(dtype)
         kernel = copy.deepcopy(problem.kernel).to(dtype)
         KnM = kgp.kernel_operator(kernel, X, Z).to_dense()
         KMM = kgp.kernel_operator(kernel, Z).to_dense()
         noise = problem.noise * (2.0 if self.bug == "wrong_noise" else 1.0)
-        if self.bug == "weights_in_regulariser" and problem.center_weights is not None:
-            D = torch.diag(problem.center_weights.to(dtype))
+        if self.bug == "weights_in_regulariser" and problem.centers.weights is not None:
+            D = torch.diag(problem.centers.weights.to(dtype))
             KMM = D @ KMM @ D  # Appendix G defect (a): a different regulariser
         H = KnM.T @ KnM + noise * KMM
         alpha = torch.linalg.lstsq(H, KnM.T @ y).solution
@@ -134,7 +134,7 @@ class RefNystrom:
             problem.y.mul_(1.0)
             problem.y[0, 0] += 1.0
         if self.bug != "upcast":
-            kernel, Z, alpha = problem.kernel, problem.centers, alpha.to(problem.dtype)
+            kernel, Z, alpha = problem.kernel, problem.centers.points, alpha.to(problem.dtype)
         problem.monitor.start(3)
         for it in range(1, 4):
             stop = problem.monitor.step(it, lambda: KernelExpansion(kernel, Z, alpha))

@@ -53,8 +53,7 @@ def fit(X, y, Z, noise, kernel=None, weights=None, monitor=None, **options):
         y=y if y.dim() == 2 else y[:, None],
         kernel=kernel if kernel is not None else rbf(1.0, X.dtype),
         noise=noise,
-        centers=Z,
-        center_weights=weights,
+        centers=None if Z is None else kgp.Centers(Z, weights=weights),
         options=options,
         monitor=monitor if monitor is not None else kgp.Monitor(),
     )

@@ -165,11 +165,12 @@ def _center_solver_plugin():
         uses_centers = True
 
         def fit(self, problem):
-            knm = problem.kernel_operator(problem.X, problem.centers).to_dense()
-            kmm = problem.kernel_operator(problem.centers).to_dense()
+            Z = problem.centers.points
+            knm = problem.kernel_operator(problem.X, Z).to_dense()
+            kmm = problem.kernel_operator(Z).to_dense()
             H = knm.T @ knm + problem.noise * kmm
             alpha = torch.linalg.lstsq(H, knm.T @ problem.y).solution
-            return kgp.KernelExpansion(problem.kernel, problem.centers, alpha)
+            return kgp.KernelExpansion(problem.kernel, Z, alpha)
 
     module = types.ModuleType("center_toy")
 

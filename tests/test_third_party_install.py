@@ -124,7 +124,7 @@ try:
 except ValueError as exc:
     out["load_error"] = str(exc)
 try:
-    kgp.KernelRegressor(solver="nystrom-direct")._check_params()
+    kgp.KernelRegressor(solver="nystrom-direct")._validate()
 except ValueError as exc:
     out["solver_error"] = str(exc)
 print(json.dumps(out))

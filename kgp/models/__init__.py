@@ -1,6 +1,7 @@
-"""scikit-learn-style estimators."""
+"""scikit-learn-style estimators, and :func:`load` for their saved files."""
 
 from .classifier import KernelClassifier
+from .loading import load
 from .regressor import KernelRegressor
 
-__all__ = ["KernelClassifier", "KernelRegressor"]
+__all__ = ["KernelClassifier", "KernelRegressor", "load"]

@@ -1,11 +1,19 @@
-"""Shared machinery of the scikit-learn-style estimators."""
+"""Shared machinery of the scikit-learn-style estimators: one validation, one fit path, one setter.
+
+``fit`` validates every parameter once (:meth:`BaseKernelModel._validate`), converts the inputs,
+lets the subclass encode its targets, selects centers, runs the solver and only then writes the
+fitted attributes, all in :meth:`BaseKernelModel._set_fitted` (also used by ``partial_fit`` and by
+:func:`kgp.load`). A fit that raises or is interrupted leaves the estimator as it was.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import gpytorch
@@ -13,10 +21,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .. import io
 from ..kernels import KERNEL_SHORTCUTS, make_kernel
+from ..kernels.serialize import kernel_from_spec, kernel_to_spec
 from ..monitor import IterationInfo, Monitor
 from ..plugin import Centers, Problem, SelectionRequest, merge_options
-from ..registry import get_selector, get_solver
+from ..registry import UnknownPluginError, get_predictor_class, get_selector, get_solver
 from ..validation import check_n_centers, check_positive, resolve_dtype, to_tensor
 
 __all__ = ["BaseKernelModel"]
@@ -24,12 +34,32 @@ __all__ = ["BaseKernelModel"]
 DEFAULT_SOLVER = "exact"
 DEFAULT_SELECTOR = "uniform"
 
+# constructor parameters stored in model files as plain values (the others are objects or derived)
+_PLAIN_PARAMS = ("lengthscale", "noise", "solver", "n_centers", "solver_options", "selector_options", "random_state")
+
+
+@dataclass(frozen=True)
+class _FitSetup:
+    """Everything :meth:`BaseKernelModel._validate` resolved from the constructor parameters."""
+
+    solver: Any
+    solver_options: dict[str, Any]
+    selector_name: str | None  # None: explicit centers, or a solver without centers
+    selector: Any
+    selector_options: dict[str, Any]
+    dtype: torch.dtype | None
+    device: torch.device | None
+
 
 class BaseKernelModel:
     """Parameters and fitting logic shared by :class:`KernelRegressor` and :class:`KernelClassifier`.
 
-    See :class:`kgp.KernelRegressor` for the parameters.
+    See :class:`kgp.KernelRegressor` for the parameters. Subclasses say how targets are encoded
+    (:meth:`_encode_fit_targets`, :meth:`_encode_targets`) and which validation metric iterative
+    solvers report (:attr:`_validation_metric`).
     """
+
+    _validation_metric: Callable[[Tensor, Tensor], float] | None = None
 
     def __init__(
         self,
@@ -90,9 +120,9 @@ class BaseKernelModel:
         ]
         return f"{type(self).__name__}({', '.join(changed)})"
 
-    # ------------------------------------------------------------------ parameter checks
-    def _check_params(self):
-        """Validate constructor parameters; return (solver, solver_options, dtype, device)."""
+    # ------------------------------------------------------------------ validation (once per fit)
+    def _validate(self) -> _FitSetup:
+        """Check every constructor parameter and resolve the plugins, before any work."""
         check_positive(self.noise, "noise")
         if self.lengthscale is not None:
             check_positive(self.lengthscale, "lengthscale")
@@ -117,19 +147,86 @@ class BaseKernelModel:
         dtype = resolve_dtype(self.dtype)
         device = torch.device(self.device) if self.device is not None else None
         solver = get_solver(self.solver)
-        options = merge_options(f"solver {self.solver!r}", solver.option_defaults, self.solver_options)
-        if not solver.uses_centers and (self.centers is not None or self.n_centers is not None):
-            raise ValueError(
-                f"solver {self.solver!r} uses every training point and takes no centers; "
-                "leave centers and n_centers as None"
+        solver_options = merge_options(f"solver {self.solver!r}", solver.option_defaults, self.solver_options)
+        selector_name, selector, selector_options = None, None, {}
+        if not solver.uses_centers:
+            if self.centers is not None or self.n_centers is not None:
+                raise ValueError(
+                    f"solver {self.solver!r} uses every training point and takes no centers; "
+                    "leave centers and n_centers as None"
+                )
+        elif self.centers is None or isinstance(self.centers, str):
+            selector_name = self.centers or DEFAULT_SELECTOR
+            selector = get_selector(selector_name)
+            selector_options = merge_options(
+                f"selector {selector_name!r}", selector.option_defaults, self.selector_options
             )
-        if isinstance(self.centers, str):
-            get_selector(self.centers)  # unknown names fail before any work
-        elif self.centers is not None and not isinstance(self.centers, (Tensor, np.ndarray, list)):
+        elif not isinstance(self.centers, (Tensor, np.ndarray, list)):
             raise TypeError(
                 f"centers: expected a selector name, an (M x d) array/tensor or None, got {type(self.centers).__name__}"
             )
-        return solver, options, dtype, device
+        return _FitSetup(solver, solver_options, selector_name, selector, selector_options, dtype, device)
+
+    # ------------------------------------------------------------------ subclass hooks
+    def _encode_fit_targets(self, y: Any, X: Tensor) -> tuple[Tensor, dict[str, Any]]:
+        """Targets of ``fit`` as an ``n x k`` tensor, and the fitted attributes they define."""
+        raise NotImplementedError
+
+    def _encode_targets(self, y: Any, name: str, X: Tensor, targets: dict[str, Any]) -> Tensor:
+        """Targets given later (e.g. ``validation_data``), encoded like the fitted ones in ``targets``."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ the fit path
+    def fit(self, X, y, *, validation_data=None):
+        """Fit on ``X`` (n x d) and ``y``; see the subclass for the target format.
+
+        Parameters
+        ----------
+        validation_data:
+            Optional ``(X_val, y_val)``; iterative solvers then report the validation metric
+            (mean squared error for regression, error rate for classification) after every
+            iteration, to the callback and in ``history_``.
+
+        Returns
+        -------
+        self
+        """
+        setup = self._validate()
+        Xt = to_tensor(X, "X", ndim=(2,), dtype=setup.dtype, device=setup.device)
+        Y, targets = self._encode_fit_targets(y, Xt)
+        if Y.shape[0] != Xt.shape[0]:
+            raise ValueError(f"X and y: expected the same number of samples, got {Xt.shape[0]} and {Y.shape[0]}")
+        validation = self._validation(validation_data, Xt, targets)
+        check_n_centers(self.n_centers, Xt.shape[0])
+        seed = self._draw_seed()
+        kernel = self._build_kernel(Xt.dtype, Xt.device)
+        start = time.perf_counter()
+        monitor = Monitor(self.callback, bool(self.progress), validation, self._validation_metric)
+        with _closing(monitor):
+            centers = self._centers(setup, Xt, kernel, seed)
+            problem = self._problem(setup, Xt, Y, kernel, centers, seed + 1, monitor)
+            with _gradients(setup.solver):
+                predictor = setup.solver.fit(problem)
+        self._set_fitted(
+            kernel=kernel,
+            solver_name=self.solver,
+            predictor=predictor,
+            centers=centers,
+            history=list(monitor.history),
+            seed=seed,
+            n_features=Xt.shape[1],
+            dtype=Xt.dtype,
+            device=Xt.device,
+            targets=targets,
+            fit_time=time.perf_counter() - start,
+            chunks_seen=1,  # a partial_fit continuing this fit draws from seed + 2 on
+        )
+        return self
+
+    def _draw_seed(self) -> int:
+        if self.random_state is not None:
+            return int(self.random_state)
+        return int(torch.randint(0, 2**62, (1,)).item())
 
     def _build_kernel(self, dtype: torch.dtype, device) -> gpytorch.kernels.Kernel:
         if isinstance(self.kernel, str):
@@ -138,77 +235,88 @@ class BaseKernelModel:
             kernel = copy.deepcopy(self.kernel)  # fitting never mutates the user's kernel object
         return kernel.to(device=device, dtype=dtype)
 
-    # ------------------------------------------------------------------ fitting
-    def _prepare_inputs(self, X, y, dtype, device):
-        Xt = to_tensor(X, "X", ndim=(2,), dtype=dtype, device=device)
-        yt = to_tensor(y, "y", ndim=(1, 2), dtype=Xt.dtype, device=Xt.device)
-        if yt.shape[0] != Xt.shape[0]:
-            raise ValueError(f"X and y: expected the same number of samples, got {Xt.shape[0]} and {yt.shape[0]}")
-        return Xt, yt
-
-    def _fit_targets(self, X: Tensor, y: Tensor, dtype, device, validation_data, metric):
-        """Run the selector and solver on 2-D targets ``y``; set fitted attributes."""
-        solver, options, _, _ = self._check_params()
-        n = X.shape[0]
-        check_n_centers(self.n_centers, n)
-        seed = int(self.random_state) if self.random_state is not None else int(torch.randint(0, 2**62, (1,)).item())
-        kernel = self._build_kernel(X.dtype, X.device)
-        monitor = Monitor(self.callback, bool(self.progress), validation_data, metric)
-        start = time.perf_counter()
-        centers = self._select_centers(solver, X, kernel, seed)
-        problem = Problem(
-            X=X,
-            y=y,
-            kernel=kernel,
-            noise=float(self.noise),
-            centers=None if centers is None else centers.points,
-            center_weights=None if centers is None else centers.weights,
-            center_indices=None if centers is None else centers.indices,
-            options=options,
-            generator=torch.Generator().manual_seed(seed + 1),
-            monitor=monitor,
-        )
-        try:
-            predictor = solver.fit(problem)
-        finally:
-            monitor.close()
-        self.fit_time_ = time.perf_counter() - start
-        self.kernel_ = kernel
-        self.solver_ = solver
-        self.solver_name_ = self.solver
-        self.predictor_ = predictor
-        self.centers_ = None if centers is None else centers.points
-        self.center_weights_ = None if centers is None else centers.weights
-        self.selection_info_ = {} if centers is None else centers.info
-        self.history_ = list(monitor.history)
-        self.seed_ = seed
-        self.n_features_in_ = X.shape[1]
-        self.dtype_ = X.dtype
-        self.device_ = X.device
-        return self
-
-    def _select_centers(self, solver, X: Tensor, kernel, seed: int) -> Centers | None:
-        if not solver.uses_centers:
+    def _validation(self, validation_data, X: Tensor, targets: dict[str, Any]) -> tuple[Tensor, Tensor] | None:
+        if validation_data is None:
             return None
-        if self.centers is None or isinstance(self.centers, str):
-            name = self.centers or DEFAULT_SELECTOR
-            selector = get_selector(name)
-            options = merge_options(f"selector {name!r}", selector.option_defaults, self.selector_options)
+        if not isinstance(validation_data, (tuple, list)) or len(validation_data) != 2:
+            raise ValueError("validation_data: expected a pair (X_val, y_val)")
+        Xv = to_tensor(validation_data[0], "X_val", ndim=(2,), dtype=X.dtype, device=X.device)
+        if Xv.shape[1] != X.shape[1]:
+            raise ValueError(f"validation_data: X_val has {Xv.shape[1]} features, X has {X.shape[1]}")
+        Yv = self._encode_targets(validation_data[1], "y_val", Xv, targets)
+        if Yv.shape[0] != Xv.shape[0]:
+            raise ValueError(
+                f"validation_data: expected as many samples in X_val as in y_val, got {Xv.shape[0]} and {Yv.shape[0]}"
+            )
+        return Xv, Yv
+
+    def _centers(self, setup: _FitSetup, X: Tensor, kernel, seed: int) -> Centers | None:
+        """The selector's centers, the user's explicit centers, or None for solvers without centers."""
+        if not setup.solver.uses_centers:
+            return None
+        if setup.selector is not None:
             request = SelectionRequest(
                 X=X,
                 n_centers=self.n_centers,
                 kernel=kernel,
                 noise=float(self.noise),
                 generator=torch.Generator().manual_seed(seed),
-                options=options,
+                options=setup.selector_options,
             )
-            return selector.select(request)
+            with _gradients(setup.selector):
+                return setup.selector.select(request)
         points = to_tensor(self.centers, "centers", ndim=(2,), dtype=X.dtype, device=X.device)
         if points.shape[1] != X.shape[1]:
             raise ValueError(f"centers: expected {X.shape[1]} columns like X, got shape {tuple(points.shape)}")
         if self.n_centers is not None and self.n_centers != points.shape[0]:
             raise ValueError(f"n_centers={self.n_centers} does not match the {points.shape[0]} centers given")
         return Centers(points=points)
+
+    def _problem(self, setup: _FitSetup, X, Y, kernel, centers, seed: int, monitor: Monitor) -> Problem:
+        return Problem(
+            X=X,
+            y=Y,
+            kernel=kernel,
+            noise=float(self.noise),
+            centers=centers,
+            options=setup.solver_options,
+            generator=torch.Generator().manual_seed(seed),
+            monitor=monitor,
+        )
+
+    def _set_fitted(
+        self,
+        *,
+        kernel: gpytorch.kernels.Kernel,
+        solver_name: str,
+        predictor: Any,
+        centers: Centers | None,
+        history: list[IterationInfo],
+        seed: int,
+        n_features: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        targets: dict[str, Any],
+        fit_time: float,
+        chunks_seen: int = 0,
+    ) -> None:
+        """Write every fitted attribute (the one place that does: fit, partial_fit and load call it)."""
+        self.kernel_ = kernel
+        self.solver_name_ = solver_name
+        self.solver_ = get_solver(solver_name)
+        self.predictor_ = predictor
+        self.centers_ = None if centers is None else centers.points
+        self.center_weights_ = None if centers is None else centers.weights
+        self.selection_info_ = {} if centers is None else centers.info
+        self.history_ = history
+        self.seed_ = seed
+        self.n_features_in_ = n_features
+        self.dtype_ = dtype
+        self.device_ = device
+        self.fit_time_ = fit_time
+        self._chunks_seen = chunks_seen
+        for name, value in targets.items():
+            setattr(self, name, value)
 
     # ------------------------------------------------------------------ prediction helpers
     def _check_fitted(self) -> None:
@@ -230,11 +338,106 @@ class BaseKernelModel:
             out = out.to(X.device)
         return out, not is_tensor
 
-    def save(self, path) -> None:
-        """Write the fitted model to ``path`` (loads with ``torch.load(weights_only=True)``)."""
-        from ..io import save_model
+    # ------------------------------------------------------------------ persistence
+    def _target_state(self) -> dict[str, Any]:
+        """Plain values describing the fitted targets (the subclass's fitted target attributes)."""
+        raise NotImplementedError
 
-        save_model(self, path)
+    @classmethod
+    def _targets_from_state(cls, state: dict[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def save(self, path) -> None:
+        """Write the fitted model to ``path`` (loads with ``torch.load(weights_only=True)``).
+
+        The file holds the kernel's class description and hyperparameters, the solver plugin name,
+        the predictor's kind and tensors, and the estimator's plain parameters. Callbacks and
+        explicit center arrays given as parameters are not stored (the fitted centers are, inside
+        the predictor).
+        """
+        self._check_fitted()
+        params = {name: getattr(self, name) for name in _PLAIN_PARAMS}
+        params["kernel"] = self.kernel if isinstance(self.kernel, str) else None
+        params["centers"] = self.centers if isinstance(self.centers, str) else None
+        params["dtype"] = str(self.dtype_).replace("torch.", "")
+        fitted: dict[str, Any] = {"n_features_in": int(self.n_features_in_), "seed": int(self.seed_)}
+        fitted.update(self._target_state())
+        if self.center_weights_ is not None:
+            fitted["center_weights"] = self.center_weights_.detach().cpu()
+        io.write_model(
+            {
+                "estimator": type(self).__name__,
+                "params": params,
+                "kernel_spec": kernel_to_spec(self.kernel_),
+                "kernel_state": {k: v.detach().cpu() for k, v in self.kernel_.state_dict().items()},
+                "solver": self.solver_name_,
+                "predictor_kind": self.predictor_.kind,
+                "predictor_state": self.predictor_.state_dict(),
+                "fitted": fitted,
+            },
+            path,
+        )
+
+    @classmethod
+    def _from_state(cls, state: dict[str, Any], path, device: torch.device) -> BaseKernelModel:
+        """Rebuild a fitted estimator from the contents of a model file (see :func:`kgp.load`)."""
+        solver_name = state["solver"]
+        try:
+            get_solver(solver_name)
+            predictor_cls = get_predictor_class(state["predictor_kind"])
+        except UnknownPluginError as exc:
+            raise ValueError(
+                f"{path}: this model was fitted by solver {solver_name!r} (predictor kind "
+                f"{state['predictor_kind']!r}), which is not installed here: {exc}"
+            ) from exc
+        params = dict(state["params"])
+        dtype = getattr(torch, params.pop("dtype"))
+        # convert before loading: a float32 kernel would round float64 hyperparameters
+        kernel = kernel_from_spec(state["kernel_spec"]).to(device=device, dtype=dtype)
+        kernel.load_state_dict(state["kernel_state"])
+        model = cls(**{k: v for k, v in params.items() if k != "kernel"})
+        model.kernel = params["kernel"] if params["kernel"] is not None else kernel
+        model.dtype = dtype
+        predictor = predictor_cls.from_state(io.to_device(state["predictor_state"], device, dtype), kernel)
+        fitted = state["fitted"]
+        points = getattr(predictor, "centers", None)
+        weights = fitted.get("center_weights")
+        centers = None
+        if points is not None:
+            weights = None if weights is None else weights.to(device=device, dtype=dtype)
+            centers = Centers(points=points, weights=weights)
+        model._set_fitted(
+            kernel=kernel,
+            solver_name=solver_name,
+            predictor=predictor,
+            centers=centers,
+            history=[],
+            seed=fitted["seed"],
+            n_features=fitted["n_features_in"],
+            dtype=dtype,
+            device=device,
+            targets=cls._targets_from_state(fitted),
+            fit_time=0.0,
+        )
+        return model
+
+
+@contextlib.contextmanager
+def _closing(monitor: Monitor) -> Iterator[Monitor]:
+    """The model owns the monitor: its progress bar is closed however the fit ends."""
+    try:
+        yield monitor
+    finally:
+        monitor.close()
+
+
+def _gradients(plugin: Any) -> contextlib.AbstractContextManager:
+    """``torch.no_grad()`` unless the plugin declares ``needs_grad = True``.
+
+    A solver that multiplies with the kernel operator while the kernel's hyperparameters require
+    gradients would otherwise build an autograd graph across all its iterations.
+    """
+    return contextlib.nullcontext() if getattr(plugin, "needs_grad", False) else torch.no_grad()
 
 
 def _same(value: Any, default: Any) -> bool:

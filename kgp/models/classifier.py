@@ -12,6 +12,12 @@ from .regressor import _numpy
 __all__ = ["KernelClassifier"]
 
 
+def _error_rate(pred: Tensor, target: Tensor) -> float:
+    if target.shape[1] == 1:
+        return float(((pred[:, 0] > 0) != (target[:, 0] > 0)).double().mean())
+    return float((pred.argmax(1) != target.argmax(1)).double().mean())
+
+
 class KernelClassifier(BaseKernelModel):
     """Kernel classifier: one regression per class on +-1 targets, predict by the largest score.
 
@@ -27,37 +33,43 @@ class KernelClassifier(BaseKernelModel):
         is the error rate.
     """
 
+    _validation_metric = staticmethod(_error_rate)
+
     def fit(self, X, y, *, validation_data=None) -> KernelClassifier:
-        """Fit on ``X`` (n x d) and 1-D labels ``y`` (any sortable values)."""
-        _, _, dtype, device = self._check_params()
-        Xt = self._prepare_inputs(X, np.zeros(_len(X)), dtype, device)[0]
+        """Fit on ``X`` (n x d) and 1-D labels ``y`` (any sortable values).
+
+        Parameters
+        ----------
+        validation_data:
+            Optional ``(X_val, y_val)``; iterative solvers then report the validation error rate
+            to the callback after every iteration.
+
+        Returns
+        -------
+        self
+        """
+        return super().fit(X, y, validation_data=validation_data)
+
+    def _encode_fit_targets(self, y, X: Tensor) -> tuple[Tensor, dict]:
         labels = _labels(y, "y")
-        if labels.shape[0] != Xt.shape[0]:
-            raise ValueError(f"X and y: expected the same number of samples, got {Xt.shape[0]} and {labels.shape[0]}")
         classes = np.unique(labels)
         if classes.shape[0] < 2:
             raise ValueError(f"y: expected at least 2 classes, got {classes.shape[0]}")
-        self.classes_ = classes
-        Y = self._encode(labels).to(device=Xt.device, dtype=Xt.dtype)
-        validation = None
-        if validation_data is not None:
-            if not isinstance(validation_data, (tuple, list)) or len(validation_data) != 2:
-                raise ValueError("validation_data: expected a pair (X_val, y_val)")
-            Xv = self._prepare_inputs(validation_data[0], np.zeros(_len(validation_data[0])), Xt.dtype, Xt.device)[0]
-            validation = (Xv, self._encode(_labels(validation_data[1], "y_val")).to(Xt))
-        self._fit_targets(Xt, Y, dtype, device, validation, _error_rate)
-        return self
+        return _one_vs_all(labels, classes).to(device=X.device, dtype=X.dtype), {"classes_": classes}
 
-    def _encode(self, labels: np.ndarray) -> Tensor:
-        unknown = np.setdiff1d(labels, self.classes_)
+    def _encode_targets(self, y, name: str, X: Tensor, targets: dict) -> Tensor:
+        labels = _labels(y, name)
+        unknown = np.setdiff1d(labels, targets["classes_"])
         if unknown.size:
-            raise ValueError(f"y_val: labels {unknown[:5].tolist()} were not seen in y")
-        index = np.searchsorted(self.classes_, labels)
-        if len(self.classes_) == 2:
-            return torch.from_numpy(np.where(index == 1, 1.0, -1.0)[:, None])
-        Y = -np.ones((labels.shape[0], len(self.classes_)))
-        Y[np.arange(labels.shape[0]), index] = 1.0
-        return torch.from_numpy(Y)
+            raise ValueError(f"{name}: labels {unknown[:5].tolist()} were not seen in y")
+        return _one_vs_all(labels, targets["classes_"]).to(device=X.device, dtype=X.dtype)
+
+    def _target_state(self) -> dict:
+        return {"classes": self.classes_.tolist()}
+
+    @classmethod
+    def _targets_from_state(cls, state: dict) -> dict:
+        return {"classes_": np.asarray(state["classes"])}
 
     def decision_function(self, X):
         """Scores: ``n`` values for two classes, ``n x n_classes`` otherwise (numpy or tensor like X)."""
@@ -91,14 +103,11 @@ def _labels(y, name: str) -> np.ndarray:
     return arr
 
 
-def _len(X) -> int:
-    try:
-        return len(X)
-    except TypeError as exc:
-        raise TypeError(f"X: expected an array or tensor, got {type(X).__name__}") from exc
-
-
-def _error_rate(pred: Tensor, target: Tensor) -> float:
-    if target.shape[1] == 1:
-        return float(((pred[:, 0] > 0) != (target[:, 0] > 0)).double().mean())
-    return float((pred.argmax(1) != target.argmax(1)).double().mean())
+def _one_vs_all(labels: np.ndarray, classes: np.ndarray) -> Tensor:
+    """+-1 targets: one column (+1 for ``classes[1]``) for two classes, one column per class otherwise."""
+    index = np.searchsorted(classes, labels)
+    if len(classes) == 2:
+        return torch.from_numpy(np.where(index == 1, 1.0, -1.0)[:, None])
+    Y = -np.ones((labels.shape[0], len(classes)))
+    Y[np.arange(labels.shape[0]), index] = 1.0
+    return torch.from_numpy(Y)

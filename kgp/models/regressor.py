@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
-import torch
 from torch import Tensor
 
 from ..monitor import Monitor
-from ..plugin import Problem
-from .base import BaseKernelModel
+from ..validation import to_tensor
+from .base import BaseKernelModel, _closing, _gradients
 
 __all__ = ["KernelRegressor"]
 
@@ -70,7 +71,24 @@ class KernelRegressor(BaseKernelModel):
         Fit wall time (s), seed used, number of features, number of outputs.
     """
 
-    _metric_name = "mse"
+    def _encode_fit_targets(self, y, X: Tensor) -> tuple[Tensor, dict]:
+        yt = to_tensor(y, "y", ndim=(1, 2), dtype=X.dtype, device=X.device)
+        Y = yt.unsqueeze(-1) if yt.dim() == 1 else yt
+        return Y, {"_y_ndim": yt.dim(), "n_outputs_": Y.shape[1]}
+
+    def _encode_targets(self, y, name: str, X: Tensor, targets: dict) -> Tensor:
+        yt = to_tensor(y, name, ndim=(1, 2), dtype=X.dtype, device=X.device)
+        Y = yt.unsqueeze(-1) if yt.dim() == 1 else yt
+        if Y.shape[1] != targets["n_outputs_"]:
+            raise ValueError(f"{name}: expected {targets['n_outputs_']} output(s) like y, got {Y.shape[1]}")
+        return Y
+
+    def _target_state(self) -> dict:
+        return {"y_ndim": int(self._y_ndim), "n_outputs": int(self.n_outputs_)}
+
+    @classmethod
+    def _targets_from_state(cls, state: dict) -> dict:
+        return {"_y_ndim": int(state["y_ndim"]), "n_outputs_": int(state["n_outputs"])}
 
     def fit(self, X, y, *, validation_data=None) -> KernelRegressor:
         """Fit on ``X`` (n x d) and ``y`` (n or n x k).
@@ -85,62 +103,54 @@ class KernelRegressor(BaseKernelModel):
         -------
         self
         """
-        _, _, dtype, device = self._check_params()
-        Xt, yt = self._prepare_inputs(X, y, dtype, device)
-        self._y_ndim = yt.dim()
-        y2 = yt.unsqueeze(-1) if yt.dim() == 1 else yt
-        validation = self._prepare_validation(validation_data, Xt, y2)
-        self._fit_targets(Xt, y2, dtype, device, validation, None)
-        self.n_outputs_ = y2.shape[1]
-        return self
+        return super().fit(X, y, validation_data=validation_data)
 
     def partial_fit(self, X, y) -> KernelRegressor:
-        """Continue fitting on a new chunk of data (solvers with ``partial_fit`` only, e.g. streaming SGD)."""
-        solver, options, dtype, device = self._check_params()
-        if not hasattr(solver, "partial_fit"):
+        """Continue fitting on a new chunk of data (solvers with ``partial_fit`` only, e.g. streaming SGD).
+
+        The first call (on an unfitted model) starts a new model; later calls continue the fitted one
+        with the same kernel, seed and dtype. Chunk ``c`` draws its randomness from ``seed_ + 1 + c``.
+        """
+        setup = self._validate()
+        if not hasattr(setup.solver, "partial_fit"):
             raise ValueError(f"solver {self.solver!r} does not support partial_fit")
         first = not hasattr(self, "predictor_")
-        Xt, yt = self._prepare_inputs(X, y, dtype if first else self.dtype_, device if first else self.device_)
-        y2 = yt.unsqueeze(-1) if yt.dim() == 1 else yt
+        dtype, device = (setup.dtype, setup.device) if first else (self.dtype_, self.device_)
+        Xt = to_tensor(X, "X", ndim=(2,), dtype=dtype, device=device)
+        Y, targets = self._encode_fit_targets(y, Xt)
+        if Y.shape[0] != Xt.shape[0]:
+            raise ValueError(f"X and y: expected the same number of samples, got {Xt.shape[0]} and {Y.shape[0]}")
         if first:
-            self._y_ndim = yt.dim()
-            self.n_outputs_ = y2.shape[1]
-            self.kernel_ = self._build_kernel(Xt.dtype, Xt.device)
-            self.seed_ = int(self.random_state) if self.random_state is not None else int(torch.randint(0, 2**62, (1,)))
-            self.n_features_in_, self.dtype_, self.device_ = Xt.shape[1], Xt.dtype, Xt.device
-            self.solver_, self.solver_name_ = solver, self.solver
-            self.centers_ = self.center_weights_ = None
-            self.history_ = []
-            self._chunks_seen = 0
-        elif Xt.shape[1] != self.n_features_in_ or y2.shape[1] != self.n_outputs_:
-            raise ValueError("partial_fit: X / y shapes differ from the first chunk")
+            seed, kernel, chunks, history = self._draw_seed(), self._build_kernel(Xt.dtype, Xt.device), 0, []
+        else:
+            if Xt.shape[1] != self.n_features_in_ or Y.shape[1] != self.n_outputs_:
+                raise ValueError(
+                    f"partial_fit: expected chunks of {self.n_features_in_} features and {self.n_outputs_} "
+                    f"output(s) like the first chunk, got {Xt.shape[1]} and {Y.shape[1]}"
+                )
+            seed, kernel, chunks, history = self.seed_, self.kernel_, self._chunks_seen, list(self.history_)
+            targets = {"_y_ndim": self._y_ndim, "n_outputs_": self.n_outputs_}
+        start = time.perf_counter()
         monitor = Monitor(self.callback, bool(self.progress))
-        problem = Problem(
-            X=Xt,
-            y=y2,
-            kernel=self.kernel_,
-            noise=float(self.noise),
-            options=options,
-            generator=torch.Generator().manual_seed(self.seed_ + 1 + self._chunks_seen),
-            monitor=monitor,
+        with _closing(monitor):
+            problem = self._problem(setup, Xt, Y, kernel, None, seed + 1 + chunks, monitor)
+            with _gradients(setup.solver):
+                predictor = setup.solver.partial_fit(problem, None if first else self.predictor_)
+        self._set_fitted(
+            kernel=kernel,
+            solver_name=self.solver,
+            predictor=predictor,
+            centers=None,
+            history=history + list(monitor.history),
+            seed=seed,
+            n_features=Xt.shape[1],
+            dtype=Xt.dtype,
+            device=Xt.device,
+            targets=targets,
+            fit_time=time.perf_counter() - start + (0.0 if first else self.fit_time_),
+            chunks_seen=chunks + 1,
         )
-        self.predictor_ = solver.partial_fit(problem, None if first else self.predictor_)
-        self._chunks_seen += 1
-        self.history_.extend(monitor.history)
         return self
-
-    def _prepare_validation(self, validation_data, Xt: Tensor, y2: Tensor):
-        if validation_data is None:
-            return None
-        if not isinstance(validation_data, (tuple, list)) or len(validation_data) != 2:
-            raise ValueError("validation_data: expected a pair (X_val, y_val)")
-        Xv, yv = self._prepare_inputs(validation_data[0], validation_data[1], Xt.dtype, Xt.device)
-        if Xv.shape[1] != Xt.shape[1]:
-            raise ValueError(f"validation_data: X_val has {Xv.shape[1]} features, X has {Xt.shape[1]}")
-        yv = yv.unsqueeze(-1) if yv.dim() == 1 else yv
-        if yv.shape[1] != y2.shape[1]:
-            raise ValueError(f"validation_data: y_val has {yv.shape[1]} outputs, y has {y2.shape[1]}")
-        return Xv, yv
 
     def predict(self, X):
         """Posterior mean at ``X``; numpy in, numpy out; tensor in, tensor out (1-D if y was 1-D)."""

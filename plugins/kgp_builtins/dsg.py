@@ -613,7 +613,6 @@ class DSGSolver:
                         sq_sum, count = 0.0, 0
                         if stopped:
                             break
-        monitor.close()  # partial_fit callers do not close it; closing twice is harmless
         if t and not bool(torch.isfinite(C[:t]).all()):
             warnings.warn(
                 "solver 'dsg': the coefficients overflowed (the step size is too large for this kernel and data); "

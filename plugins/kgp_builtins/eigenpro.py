@@ -472,7 +472,7 @@ class EigenPro3Solver:
         self.check_options(opts)
         if problem.centers is None:
             raise ValueError("solver 'eigenpro' needs centers (problem.centers is None)")
-        Z = problem.centers
+        Z = problem.centers.points
         if Z.dim() != 2 or Z.shape[1] != problem.X.shape[1]:
             raise ValueError(f"eigenpro: centers must be (p, {problem.X.shape[1]}), got {tuple(Z.shape)}")
         Z = Z.to(device=problem.device, dtype=problem.dtype)

@@ -43,7 +43,6 @@ class ExactSolver:
             alpha = torch.cholesky_solve(problem.y, chol)
         predictor = KernelExpansion(problem.kernel, problem.X, alpha)
         problem.monitor.step(1, predictor)
-        problem.monitor.close()
         return predictor
 
 

@@ -237,7 +237,7 @@ class FalkonSolver:
     def _check_problem(problem: Problem) -> Tensor | None:
         if problem.centers is None:
             raise ValueError("solver 'falkon' needs Nystrom centers: problem.centers is None")
-        Z = problem.centers
+        Z = problem.centers.points
         if Z.dim() != 2 or Z.shape[1] != problem.X.shape[1]:
             raise ValueError(f"centers: expected shape (M, {problem.X.shape[1]}), got {tuple(Z.shape)}")
         if Z.dtype != problem.X.dtype or Z.device != problem.X.device:
@@ -248,7 +248,7 @@ class FalkonSolver:
             raise ValueError(f"y: expected shape ({problem.n}, k), got {tuple(problem.y.shape)}")
         if not (math.isfinite(problem.noise) and problem.noise > 0):
             raise ValueError(f"noise: expected a finite positive number, got {problem.noise!r}")
-        w = problem.center_weights
+        w = problem.centers.weights
         if w is None:
             return None
         if w.dim() != 1 or w.shape[0] != Z.shape[0]:
@@ -261,7 +261,7 @@ class FalkonSolver:
     @staticmethod
     def _gram(problem: Problem, work: torch.dtype, d: Tensor | None) -> Tensor:
         """``G = D K_MM D`` in the working precision, exactly symmetric."""
-        Zw = problem.centers.to(work)
+        Zw = problem.centers.points.to(work)
         G = problem.kernel_operator(Zw, Zw).to_dense()
         if d is not None:
             G.mul_(d.unsqueeze(0)).mul_(d.unsqueeze(1))
@@ -271,7 +271,7 @@ class FalkonSolver:
     def _preconditioner(self, problem: Problem, weights: Tensor | None, opts: dict[str, Any]) -> _Preconditioner:
         """Build ``Q, T, A`` of Def. 3 (Example 1.1, a pivoted variant, or Example 2) from ``G = D K_MM D``."""
         work = torch.float64 if opts["precond_dtype"] == "float64" else problem.dtype
-        M = problem.centers.shape[0]
+        M = problem.centers.points.shape[0]
         lam = problem.lam
         d = None if weights is None else weights.to(work)
         # K_MM is evaluated in the working precision (not cast from the input dtype), so the
@@ -366,11 +366,12 @@ class FalkonSolver:
             prec = self._preconditioner(problem, weights, opts)
             work = prec.T.dtype if prec.T is not None else prec.Q.dtype
             facts = {"factorization": prec.method, "rank": prec.rank}
-            op = problem.kernel_operator(problem.X, problem.centers)
+            Z = problem.centers.points
+            op = problem.kernel_operator(problem.X, Z)
             y = problem.y.to(dtype)
 
             def predictor(beta: Tensor) -> KernelExpansion:
-                return KernelExpansion(problem.kernel, problem.centers, prec.apply(beta).to(dtype))
+                return KernelExpansion(problem.kernel, Z, prec.apply(beta).to(dtype))
 
             # b' = A^{-T} T^{-T} Q^T D K_nM^T y / n
             b = prec.apply_t((op.T @ y).to(work) / n)
@@ -383,7 +384,6 @@ class FalkonSolver:
             it = 0
             if bool((b_norm == 0).all()):
                 monitor.step(1, lambda: predictor(beta), residual=0.0, **facts)
-                monitor.close()
                 return predictor(beta)
             zeros_w = torch.zeros(n, k, dtype=dtype, device=y.device) if every else None
             for it in range(1, maxiter + 1):
@@ -420,9 +420,7 @@ class FalkonSolver:
                     )
                 if stop or residual <= tol:
                     break
-            result = predictor(beta)
-        monitor.close()
-        return result
+            return predictor(beta)
 
 
 def _start_block(G: Tensor, block: int) -> Tensor:

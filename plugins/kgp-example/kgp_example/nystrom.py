@@ -98,9 +98,9 @@ class NystromDirect:
 
     def fit(self, problem: Problem) -> KernelExpansion:
         rcond = _check_rcond(problem.options.get("rcond"))
-        Z = problem.centers
-        if Z is None:
+        if problem.centers is None:
             raise ValueError("solver 'nystrom-direct' needs centers (problem.centers is None)")
+        Z = problem.centers.points
         if Z.dim() != 2 or Z.shape[1] != problem.X.shape[1]:
             raise ValueError(f"centers: expected an M x {problem.X.shape[1]} tensor, got shape {tuple(Z.shape)}")
         Z = Z.to(device=problem.device, dtype=problem.dtype)
