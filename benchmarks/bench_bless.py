@@ -31,7 +31,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from kgp_builtins.bless import estimate_leverage_scores, exact_leverage_scores  # noqa: E402
+from kgp_builtins.bless import estimate_leverage_scores  # noqa: E402
+from kgp_builtins.oracles import exact_leverage_scores  # noqa: E402
 
 import kgp  # noqa: E402
 from kgp.kernels import make_kernel  # noqa: E402

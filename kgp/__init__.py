@@ -16,6 +16,7 @@ from .hookspecs import hookimpl
 from .models import KernelClassifier, KernelRegressor, load
 from .monitor import IterationInfo, Monitor
 from .operators import KernelOperator, kernel_operator
+from .options import Option
 from .plugin import Centers, Problem, SelectionRequest, default_n_centers, merge_options
 from .predictors import KernelExpansion
 from .registry import get_selector, get_solver, list_plugins, register, unregister
@@ -28,6 +29,7 @@ __all__ = [
     "KernelOperator",
     "KernelRegressor",
     "Monitor",
+    "Option",
     "Problem",
     "SelectionRequest",
     "__version__",

@@ -46,6 +46,13 @@ def _parser() -> argparse.ArgumentParser:
     fit.add_argument("--lengthscale", type=float, default=1.0)
     fit.add_argument("--noise", type=float, default=1e-2, help="GP noise variance sigma^2")
     fit.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="solver option (repeatable)")
+    fit.add_argument(
+        "--selector-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="center-selector option (repeatable; see `kgp plugins --options NAME`)",
+    )
     fit.add_argument("--dtype", default="float64", choices=["float32", "float64"])
     fit.add_argument("--seed", type=int, default=0)
     fit.add_argument("--classify", action="store_true", help="fit a KernelClassifier instead of a regressor")
@@ -60,6 +67,9 @@ def _parser() -> argparse.ArgumentParser:
     pred.set_defaults(func=_cmd_predict)
 
     plugins = sub.add_parser("plugins", help="list installed solvers, selectors and predictor kinds")
+    plugins.add_argument(
+        "--options", metavar="NAME", default=None, help="print the options of the solver or selector NAME instead"
+    )
     plugins.set_defaults(func=_cmd_plugins)
     return p
 
@@ -118,11 +128,11 @@ def load_table(path: str, target: str | None, *, require_target: bool = True):
     return np.delete(table, col, axis=1), table[:, col]
 
 
-def _parse_options(items: list[str]) -> dict:
+def _parse_options(items: list[str], flag: str) -> dict:
     options = {}
     for item in items:
         if "=" not in item:
-            raise ValueError(f"--option: expected KEY=VALUE, got {item!r}")
+            raise ValueError(f"{flag}: expected KEY=VALUE, got {item!r}")
         key, raw = item.split("=", 1)
         try:
             value = ast.literal_eval(raw)
@@ -188,7 +198,8 @@ def _cmd_fit(args) -> int:
         solver=args.solver,
         centers=args.centers,
         n_centers=args.n_centers,
-        solver_options=_parse_options(args.option),
+        solver_options=_parse_options(args.option, "--option"),
+        selector_options=_parse_options(args.selector_option, "--selector-option"),
         dtype=args.dtype,
         random_state=args.seed,
         progress=args.progress,
@@ -228,6 +239,9 @@ def _cmd_predict(args) -> int:
 def _cmd_plugins(args) -> int:
     import kgp
 
+    if args.options is not None:
+        return _print_options(args.options)
+
     infos = kgp.list_plugins()
     rows = [("name", "kind", "plugin", "distribution", "version")]
     rows += [(i.name, i.kind, i.plugin, i.distribution or "(runtime)", i.version or "-") for i in infos]
@@ -238,6 +252,33 @@ def _cmd_plugins(args) -> int:
         print(f"CONFLICT: {key[0]} {key[1]!r} registered by " + " and ".join(i.origin for i in clash))
     for failure in kgp.registry.registry.load_failures:
         print(f"FAILED: {failure}")
+    return 0
+
+
+def _print_options(name: str) -> int:
+    from kgp.options import describe_options
+    from kgp.registry import UnknownPluginError, registry
+
+    found = []
+    for kind in ("solver", "selector"):
+        try:
+            found.append((kind, registry.get(kind, name).obj))
+        except UnknownPluginError:
+            continue
+    if not found:
+        solvers, selectors = registry.names("solver"), registry.names("selector")
+        raise ValueError(
+            f"--options: no solver or selector named {name!r}; solvers: {', '.join(solvers) or '(none)'}; "
+            f"selectors: {', '.join(selectors) or '(none)'}"
+        )
+    for kind, obj in found:
+        rows = describe_options(getattr(obj, "option_defaults", {}))
+        how = "--option KEY=VALUE" if kind == "solver" else "--selector-option KEY=VALUE"
+        print(f"{kind} {name!r}: {len(rows)} option(s), set with {how}")
+        table = [("option", "default", "accepts", "help"), *rows]
+        widths = [max(len(r[c]) for r in table) for c in range(3)]
+        for row in table:
+            print("  " + "  ".join(v.ljust(w) for v, w in zip(row[:3], widths)) + "  " + row[3])
     return 0
 
 

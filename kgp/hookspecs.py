@@ -28,8 +28,10 @@ def register_solvers(register) -> None:
     Call ``register(name, solver)`` for each solver. ``solver`` must satisfy
     :class:`kgp.plugin.Solver`:
 
-    - ``option_defaults``: mapping of every option the solver accepts to its default
-      (the model rejects unknown option names before fitting, listing these);
+    - ``option_defaults``: mapping of every option the solver accepts to its default, or to a
+      :class:`kgp.Option` declaring the default, the accepted values and one line of help (the
+      model rejects unknown option names and, for declared options, invalid values before
+      fitting, with one message format; ``kgp plugins --options NAME`` prints them);
     - ``uses_centers``: whether ``fit`` needs ``problem.centers`` (the model selects them
       with a center selector when True, and refuses explicit centers when False);
     - ``fit(problem) -> Predictor``: solve the regularised least-squares problem described by

@@ -27,12 +27,14 @@ from torch import Tensor
 
 from .monitor import Monitor
 from .operators import KernelOperator, kernel_operator
+from .options import Option, merge_options
 from .predictors import KernelExpansion
 
 __all__ = [
     "Centers",
     "CenterSelector",
     "KernelExpansion",
+    "Option",
     "Predictor",
     "Problem",
     "SelectionRequest",
@@ -103,8 +105,8 @@ class Problem:
         Nystrom, None meaning D = I; ``indices``: optional positions in ``X``), or None for solvers
         with ``uses_centers=False``. A bare ``M x d`` tensor is accepted and wrapped.
     options:
-        Solver options, already merged with the solver's ``option_defaults`` and checked for unknown
-        names.
+        Solver options, already merged with the solver's ``option_defaults``: unknown names
+        rejected, declared options (:class:`kgp.Option`) validated and normalised.
     generator:
         Seeded ``torch.Generator`` (on the CPU) for every random draw of the solver.
     monitor:
@@ -216,24 +218,6 @@ class CenterSelector(Protocol):
     option_defaults: Mapping[str, Any]
 
     def select(self, request: SelectionRequest) -> Centers: ...
-
-
-def merge_options(owner: str, defaults: Mapping[str, Any], given: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Merge user options into defaults, rejecting unknown names.
-
-    Raises
-    ------
-    ValueError
-        Naming the unknown options and listing the valid ones.
-    """
-    given = dict(given or {})
-    if not isinstance(given, dict):
-        raise TypeError(f"options for {owner}: expected a dict, got {type(given).__name__}")
-    unknown = sorted(set(given) - set(defaults))
-    if unknown:
-        valid = ", ".join(sorted(defaults)) or "(none)"
-        raise ValueError(f"unknown option(s) {unknown} for {owner}; valid options: {valid}")
-    return {**defaults, **given}
 
 
 def default_n_centers(n: int) -> int:

@@ -18,8 +18,8 @@ from kgp_builtins.bless import (
     bless_r,
     center_weights,
     estimate_leverage_scores,
-    exact_leverage_scores,
 )
+from kgp_builtins.oracles import exact_leverage_scores
 
 import kgp
 from kgp.kernels import make_kernel

@@ -7,11 +7,8 @@ Oracles: Lemma 6's fixed point of Algorithm 1, dense least squares / Nystrom rid
 import numpy as np
 import pytest
 import torch
-from kgp_builtins.eigenpro import (
-    EIGENPRO3_DEFAULTS,
-    eigenpro_exact_projection,
-    lemma6_fixed_point,
-)
+from kgp_builtins.eigenpro import EIGENPRO3_DEFAULTS
+from kgp_builtins.oracles import eigenpro_exact_projection, lemma6_fixed_point
 
 import kgp
 

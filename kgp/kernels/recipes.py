@@ -32,7 +32,7 @@ import gpytorch
 import torch
 from torch import Tensor
 
-__all__ = ["EXP_FLOOR", "KernelRecipe", "recipe_for"]
+__all__ = ["EXP_FLOOR", "KernelParameters", "KernelRecipe", "kernel_parameters", "recipe_for"]
 
 _SQRT3 = math.sqrt(3.0)
 _SQRT5 = math.sqrt(5.0)
@@ -283,3 +283,52 @@ def _fast_recipe(kernel) -> tuple[KernelRecipe, Tensor] | None:
     if kind is gpytorch.kernels.PolynomialKernel:
         return KernelRecipe("polynomial", power=int(kernel.power)), kernel.offset.reshape(1)
     return None
+
+
+@dataclass(frozen=True)
+class KernelParameters:
+    """What :func:`kernel_parameters` recognised in a kernel.
+
+    Attributes
+    ----------
+    family:
+        ``rbf``, ``matern12``, ``matern32``, ``matern52``, ``linear``, ``polynomial`` or ``generic``
+        (anything else: other kernels, ``active_dims``, batch shapes, sums and products).
+    shape:
+        Detached lengthscale (length 1, or d for ARD) of the distance families; the variance of
+        ``linear``; the offset of ``polynomial``; None for ``generic``.
+    outputscale:
+        The outputscale of one wrapping ``ScaleKernel`` (1.0 without one; None for ``generic``),
+        so that ``k(x, x) = outputscale`` for the distance families.
+    power:
+        Exponent of ``polynomial`` (0 otherwise).
+    """
+
+    family: str
+    shape: Tensor | None
+    outputscale: float | None
+    power: int = 0
+
+    @property
+    def is_stationary(self) -> bool:
+        return self.family in _DISTANCE_FAMILIES
+
+
+def kernel_parameters(kernel: gpytorch.kernels.Kernel) -> KernelParameters:
+    """Recognise a GPyTorch kernel and read its hyperparameters (public: for plugins).
+
+    Plugins that need the kernel's form rather than its values (e.g. random Fourier features
+    sample the spectral density of a stationary kernel) use this instead of inspecting
+    GPyTorch classes themselves, so that they recognise exactly what the backend does.
+
+    Raises
+    ------
+    TypeError
+        If ``kernel`` is not a GPyTorch kernel.
+    """
+    recipe, hypers = recipe_for(kernel)
+    if recipe.family == "generic":
+        return KernelParameters("generic", None, None)
+    shape, scale = recipe.split(hypers)
+    outputscale = 1.0 if scale is None else float(scale.detach().reshape(()))
+    return KernelParameters(recipe.family, shape.detach().reshape(-1), outputscale, recipe.power)

@@ -16,7 +16,7 @@ docs/selectors/bless.md for the treatment of duplicates.
 
 Conventions: ``lam`` is the FALKON/BLESS per-sample lambda = sigma^2 / n (``request.lam``). Every
 kernel block goes through :func:`kgp.kernel_operator`; nothing n x n (except in
-:func:`exact_leverage_scores`, which is O(n^3) and refuses n above ``kgp.settings.max_exact_size``).
+:func:`kgp_builtins.oracles.exact_leverage_scores`, the O(n^3) oracle of the tests).
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ import torch
 from torch import Tensor
 
 import kgp
-from kgp import settings
 from kgp.operators import kernel_operator, plan_block_rows, row_slices
 from kgp.plugin import Centers, SelectionRequest
 
@@ -42,7 +41,6 @@ __all__ = [
     "bless_r",
     "center_weights",
     "estimate_leverage_scores",
-    "exact_leverage_scores",
 ]
 
 _LINALG_DTYPES = ("float64", "input")
@@ -206,43 +204,6 @@ def estimate_leverage_scores(
     with torch.no_grad():
         est = _ScoreEstimator(X, kernel, indices.to(X.device), a, lam, _work_dtype(X, linalg_dtype))
         return est(rows).to(X.dtype)
-
-
-def exact_leverage_scores(X: Tensor, kernel: gpytorch.kernels.Kernel, lam: float) -> Tensor:
-    """Exact ridge leverage scores ``l(i, lam) = (K (K + lam n I)^{-1})_ii`` (BLESS eq. 1).
-
-    Uses ``K (K + lam n I)^{-1} = I - lam n (K + lam n I)^{-1}``, so that
-    ``l_i = 1 - lam n ||L^{-1} e_i||^2`` with ``L L^T = K + lam n I`` (float64). Their sum is
-    ``d_eff(lam) = Tr(K (K + lam n I)^{-1})``.
-
-    O(n^2) memory and O(n^3) time: for tests and diagnostics only.
-
-    Raises
-    ------
-    ValueError
-        If n exceeds ``kgp.settings.max_exact_size``.
-    """
-    lam = _check_inputs(X, kernel, lam)
-    n = X.shape[0]
-    limit = settings.max_exact_size.value()
-    if n > limit:
-        raise ValueError(
-            f"exact_leverage_scores builds the dense {n} x {n} kernel matrix; n={n} exceeds "
-            f"kgp.settings.max_exact_size={limit}. Use bless() / bless_r() for approximate scores, or raise "
-            f"the limit with kgp.settings.max_exact_size({n})."
-        )
-    with torch.no_grad():
-        k = kernel_operator(kernel, X).to_dense().to(torch.float64)
-        lam_n = lam * n
-        k.diagonal().add_(lam_n)
-        chol, info = torch.linalg.cholesky_ex(k)
-        if int(info) != 0:
-            raise ValueError(f"exact_leverage_scores: K + lam n I is not positive definite (lam={lam:g})")
-        del k
-        eye = torch.eye(n, dtype=torch.float64, device=X.device)
-        inv_l = torch.linalg.solve_triangular(chol, eye, upper=False)
-        scores = 1.0 - lam_n * inv_l.pow(2).sum(0)
-        return scores.clamp_min(0.0).to(X.dtype)
 
 
 # ---------------------------------------------------------------------------------------------- results

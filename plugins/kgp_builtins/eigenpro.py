@@ -39,8 +39,6 @@ from kgp.plugin import KernelExpansion, Problem, merge_options
 __all__ = [
     "EigenPro2Solver",
     "EigenPro3Solver",
-    "eigenpro_exact_projection",
-    "lemma6_fixed_point",
 ]
 
 KernelOpFactory = Callable[[Tensor, Tensor], Any]
@@ -693,58 +691,6 @@ class EigenPro2Solver:
                 if stop or (opts["tol"] > 0 and train_mse <= opts["tol"] * y_scale):
                     break
         return KernelExpansion(problem.kernel, X, average.current())
-
-
-# ---------------------------------------------------------------- Algorithm 1 (dense, small n)
-def _top_q_Q(K_XX: Tensor, q: int) -> tuple[Tensor, float]:
-    """``Q = E (I - lambda_{q+1} Lambda^-1) E^T`` (eq. 24) and lambda_{q+1} from a dense K(X, X)."""
-    evals, evecs = torch.linalg.eigh(K_XX)
-    evals, evecs = evals.flip(0), evecs.flip(1)
-    lam_next = float(evals[q])
-    E, lam = evecs[:, :q], evals[:q]
-    Q = (E * (1.0 - lam_next / lam)) @ E.T
-    return Q, lam_next
-
-
-def lemma6_fixed_point(K_XX: Tensor, K_XZ: Tensor, y: Tensor, q: int) -> Tensor:
-    r"""Closed-form limit of Algorithm 1 (EigenPro 3 Lemma 6).
-
-    :math:`\alpha_\infty = (K_{ZX}(I-Q)K_{XZ})^{-1} K_{ZX}(I-Q) y`, an (I - Q)-weighted least-squares
-    solution (plain least squares when q = 0).
-    """
-    Q, _ = _top_q_Q(K_XX, q)
-    W = torch.eye(K_XX.shape[0], dtype=K_XX.dtype, device=K_XX.device) - Q
-    A = K_XZ.T @ W
-    return torch.linalg.solve(A @ K_XZ, A @ y)
-
-
-def eigenpro_exact_projection(
-    K_XX: Tensor,
-    K_XZ: Tensor,
-    K_ZZ: Tensor,
-    y: Tensor,
-    q: int,
-    eta: float | None = None,
-    iterations: int = 1000,
-) -> Tensor:
-    r"""EigenPro 3.0 Exact-Projection (Algorithm 1, Lemma 4), dense: for small problems and tests.
-
-    Iterates :math:`\alpha \leftarrow \alpha - \eta K_{ZZ}^{-1} K_{ZX}(I-Q)(K_{XZ}\alpha - y)` from 0,
-    with ``Q`` from the top-q eigensystem of K(X, X) (eq. 24; lambda_i in the denominator, the
-    paper's eq. 23 prints lambda_q). ``eta`` defaults to ``1 / lambda_{q+1}(K(X, X))``, inside the
-    stability region ``eta < 2 / lambda_max(K_ZZ^{-1} K_ZX (I - Q) K_XZ)`` (the latter is at most
-    lambda_{q+1}).
-    """
-    Q, lam_next = _top_q_Q(K_XX, q)
-    eta = 1.0 / lam_next if eta is None else eta
-    W = torch.eye(K_XX.shape[0], dtype=K_XX.dtype, device=K_XX.device) - Q
-    L = torch.linalg.cholesky(K_ZZ)
-    y2 = y.unsqueeze(-1) if y.dim() == 1 else y
-    alpha = torch.zeros(K_XZ.shape[1], y2.shape[1], dtype=K_XX.dtype, device=K_XX.device)
-    for _ in range(iterations):
-        h = K_XZ.T @ (W @ (K_XZ @ alpha - y2))
-        alpha = alpha - eta * torch.cholesky_solve(h, L)
-    return alpha if y.dim() > 1 else alpha.squeeze(-1)
 
 
 @kgp.hookimpl

@@ -1,0 +1,234 @@
+"""Declared plugin options: a default, what values are accepted, and one line of help.
+
+A plugin's ``option_defaults`` maps each option name either to a plain default (third-party
+plugins that validate by hand keep working) or to an :class:`Option`, which
+:func:`kgp.merge_options` uses to validate and normalise the user's value with one message
+format for every plugin::
+
+    from kgp.options import Option
+
+    option_defaults = {
+        "maxiter": Option.integer(20, minimum=1, help="conjugate-gradient iterations"),
+        "tol": Option.number(1e-7, minimum=0.0, help="stop at this relative residual"),
+        "factorization": Option.choice("auto", ("auto", "cholesky", "eigh"), help="how K_MM is factored"),
+    }
+
+``kgp plugins --options NAME`` prints the declarations. In the spirit of scikit-learn's
+``_parameter_constraints``: the declaration is data, so help, errors and checks cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from numbers import Integral, Real
+from typing import Any
+
+__all__ = ["InvalidOptionError", "Option", "describe_options", "merge_options", "option_default"]
+
+
+class InvalidOptionError(ValueError, TypeError):
+    """An option value outside what its declaration accepts.
+
+    Subclasses both ``ValueError`` and ``TypeError`` (as scikit-learn's ``InvalidParameterError``
+    does), so callers catching either keep working whether the value had the wrong type or range.
+    """
+
+
+@dataclass(frozen=True)
+class Option:
+    """One declared option.
+
+    Attributes
+    ----------
+    default:
+        Value used when the user does not give one (itself checked when merged).
+    help:
+        One line for ``kgp plugins --options`` and the docs.
+    expected:
+        What the option accepts, in words (used in errors and help), e.g. ``"an integer >= 1"``.
+    check:
+        ``check(value) -> normalised value``; raises ``ValueError`` / ``TypeError`` (any message)
+        when the value is not accepted. None accepts anything.
+    """
+
+    default: Any
+    help: str = ""
+    expected: str = "any value"
+    check: Callable[[Any], Any] | None = None
+
+    def parse(self, owner: str, name: str, value: Any) -> Any:
+        """Return ``value`` normalised, or raise :class:`InvalidOptionError` in kgp's one format."""
+        if self.check is None:
+            return value
+        try:
+            return self.check(value)
+        except (ValueError, TypeError) as exc:
+            raise InvalidOptionError(f"{owner} option {name!r}: expected {self.expected}, got {value!r}") from exc
+
+    # ------------------------------------------------------------------ constructors
+    @classmethod
+    def integer(
+        cls,
+        default: int | None,
+        *,
+        minimum: int | None = None,
+        maximum: int | None = None,
+        allow_none: bool = False,
+        help: str = "",
+    ) -> Option:
+        """An ``int`` (numpy integers accepted, bools refused) within ``[minimum, maximum]``."""
+        expected = _with_none("an integer" + _bounds(minimum, maximum), allow_none)
+
+        def check(value: Any) -> int | None:
+            if value is None and allow_none:
+                return None
+            if isinstance(value, bool) or not isinstance(value, Integral):
+                raise TypeError("not an integer")
+            value = int(value)
+            _check_bounds(value, minimum, maximum, strict_minimum=False)
+            return value
+
+        return cls(default, help, expected, check)
+
+    @classmethod
+    def number(
+        cls,
+        default: float | str | None,
+        *,
+        minimum: float | None = None,
+        maximum: float | None = None,
+        exclusive_minimum: bool = False,
+        exclusive_maximum: bool = False,
+        allow_none: bool = False,
+        keywords: tuple[str, ...] = (),
+        help: str = "",
+    ) -> Option:
+        """A finite real number (returned as ``float``) within bounds, or one of ``keywords`` (e.g. "auto")."""
+        words = "".join(f" or {k!r}" for k in keywords)
+        expected = _with_none(
+            "a finite number" + _bounds(minimum, maximum, exclusive_minimum, exclusive_maximum) + words, allow_none
+        )
+
+        def check(value: Any) -> float | str | None:
+            if value is None and allow_none:
+                return None
+            if isinstance(value, str) and value in keywords:
+                return value
+            if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(float(value)):
+                raise TypeError("not a finite number")
+            value = float(value)
+            _check_bounds(value, minimum, maximum, strict_minimum=exclusive_minimum, strict_maximum=exclusive_maximum)
+            return value
+
+        return cls(default, help, expected, check)
+
+    @classmethod
+    def choice(cls, default: Any, choices: tuple[Any, ...], *, help: str = "") -> Option:
+        """One of ``choices`` (compared with ``==``; e.g. strings, or None)."""
+        expected = "one of " + ", ".join(repr(c) for c in choices)
+
+        def check(value: Any) -> Any:
+            if not any(value == c and type(value) is type(c) for c in choices):
+                raise ValueError("not a choice")
+            return value
+
+        return cls(default, help, expected, check)
+
+    @classmethod
+    def boolean(cls, default: bool, *, help: str = "") -> Option:
+        """``True`` or ``False`` (no truthy stand-ins: ``"no"`` is a string, not False)."""
+
+        def check(value: Any) -> bool:
+            if not isinstance(value, bool):
+                raise TypeError("not a bool")
+            return value
+
+        return cls(default, help, "True or False", check)
+
+
+def option_default(declaration: Any) -> Any:
+    """The default of an ``option_defaults`` entry (an :class:`Option` or a plain value)."""
+    return declaration.default if isinstance(declaration, Option) else declaration
+
+
+def merge_options(owner: str, defaults: Mapping[str, Any], given: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Merge user options into a plugin's ``option_defaults``, validating declared ones.
+
+    Parameters
+    ----------
+    owner:
+        How errors name the plugin, e.g. ``"solver 'falkon'"``.
+    defaults:
+        The plugin's ``option_defaults``: plain defaults or :class:`Option` declarations.
+    given:
+        The user's options (``solver_options`` / ``selector_options``), or None.
+
+    Returns
+    -------
+    dict
+        Every option name with its (normalised) value.
+
+    Raises
+    ------
+    TypeError
+        If ``given`` is not a mapping.
+    ValueError
+        Naming unknown options and listing the valid ones.
+    InvalidOptionError
+        (a ValueError and a TypeError) naming the option, what it accepts and the value given.
+    """
+    if given is None:
+        given = {}
+    if not isinstance(given, Mapping):
+        raise TypeError(f"options for {owner}: expected a dict, got {type(given).__name__}")
+    unknown = sorted(set(given) - set(defaults))
+    if unknown:
+        valid = ", ".join(sorted(defaults)) or "(none)"
+        raise ValueError(f"unknown option(s) {unknown} for {owner}; valid options: {valid}")
+    merged = {}
+    for name, declaration in defaults.items():
+        value = given[name] if name in given else option_default(declaration)
+        merged[name] = declaration.parse(owner, name, value) if isinstance(declaration, Option) else value
+    return merged
+
+
+def describe_options(defaults: Mapping[str, Any]) -> list[tuple[str, str, str, str]]:
+    """Rows ``(name, default, expected, help)`` for every option (plain defaults: expected "any value")."""
+    rows = []
+    for name, declaration in defaults.items():
+        if isinstance(declaration, Option):
+            rows.append((name, repr(declaration.default), declaration.expected, declaration.help))
+        else:
+            rows.append((name, repr(declaration), "any value (not declared)", ""))
+    return rows
+
+
+def _bounds(
+    minimum: float | None, maximum: float | None, exclusive_minimum: bool = False, exclusive_maximum: bool = False
+) -> str:
+    parts = []
+    if minimum is not None:
+        parts.append(f"{'>' if exclusive_minimum else '>='} {minimum:g}")
+    if maximum is not None:
+        parts.append(f"{'<' if exclusive_maximum else '<='} {maximum:g}")
+    return (" " + " and ".join(parts)) if parts else ""
+
+
+def _check_bounds(
+    value: float,
+    minimum: float | None,
+    maximum: float | None,
+    *,
+    strict_minimum: bool = False,
+    strict_maximum: bool = False,
+) -> None:
+    if minimum is not None and (value < minimum or (strict_minimum and value == minimum)):
+        raise ValueError("below the minimum")
+    if maximum is not None and (value > maximum or (strict_maximum and value == maximum)):
+        raise ValueError("above the maximum")
+
+
+def _with_none(expected: str, allow_none: bool) -> str:
+    return expected + " or None" if allow_none else expected
