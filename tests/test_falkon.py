@@ -440,7 +440,7 @@ def test_float32_auto_takes_cholesky_when_no_eigenvalue_would_be_dropped():
 
 
 def test_extreme_eigenvalue_estimates_bracket_eigvalsh():
-    from kgp_builtins.falkon import _largest_eigenvalue, _smallest_eigenvalue
+    from kgp_builtins.falkon.preconditioner import _largest_eigenvalue, _smallest_eigenvalue
 
     for lengthscale, M in ((0.7, 300), (2.0, 300), (1.0, 40)):
         Z = torch.randn(M, 3, generator=torch.Generator().manual_seed(M), dtype=F64)
@@ -455,7 +455,7 @@ def test_extreme_eigenvalue_estimates_bracket_eigvalsh():
 
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
 def test_scaled_product_cholesky_lapack_path(dtype):
-    from kgp_builtins.falkon import _upper_cholesky_of_scaled_product
+    from kgp_builtins.falkon.lapack import upper_cholesky_of_scaled_product
 
     Z = torch.randn(200, 3, generator=torch.Generator().manual_seed(1), dtype=F64)
     G = dense(rbf(1.0), Z, Z) + 1e-3 * torch.eye(200, dtype=F64)
@@ -464,11 +464,11 @@ def test_scaled_product_cholesky_lapack_path(dtype):
     tol = 1e-5 if dtype == torch.float32 else 1e-12
     # the LAPACK path (CPU default) and the GEMM path (other devices) give the same factor
     for use_lapack in (None, False):
-        A = _upper_cholesky_of_scaled_product(L, 1 / 200, 1e-4, use_lapack=use_lapack)
+        A = upper_cholesky_of_scaled_product(L, 1 / 200, 1e-4, use_lapack=use_lapack)
         assert A.dtype == dtype and torch.equal(A, A.triu())
         assert rel(A.mT.double() @ A.double(), expected) < tol
         # not positive definite: reported, not raised
-        assert _upper_cholesky_of_scaled_product(L, 1 / 200, -1.0, use_lapack=use_lapack) is None
+        assert upper_cholesky_of_scaled_product(L, 1 / 200, -1.0, use_lapack=use_lapack) is None
 
 
 def test_pivoted_full_rank_matches_direct_nystrom():

@@ -1,0 +1,256 @@
+r"""FALKON's preconditioner (Rudi, Carratino, Rosasco 2017, Appendix A, Def. 3) and its constructions.
+
+With ``G = D K_MM D = Q T^T T Q^T`` (Q: M x q with Q^T Q = I, T: q x q triangular) and
+``A^T A = T T^T / M + lambda I``, Def. 3 sets ``B = D Q T^{-1} A^{-1} / sqrt(n)``. As in the paper's
+Algorithm 1 the ``1/sqrt(n)`` is left to the CG operator (:mod:`.cg`), so :class:`Preconditioner`
+holds ``B' = D Q T^{-1} A^{-1}``. Constructions (:func:`build_preconditioner`):
+
+- Example 1.1, Cholesky: ``Q = I``, ``T = chol(G + jitter)``, ``A = chol(T T^T / M + lambda I)``.
+- Example 2, eigendecomposition: ``Q`` = kept eigenvectors, ``T = diag(sqrt(s))``,
+  ``A = diag(sqrt(s / M + lambda))``; any rank.
+- Pivoted Cholesky (kgp's variant of Def. 3): ``Q`` = the columns of I at the kept centers.
+
+Numerics (see docs/solvers/falkon.md for the measurements behind these choices):
+
+- The ``M x M`` factorizations run in ``precond_dtype`` (default float64), whatever the input dtype.
+  These ``M x M`` operations cost ``O(M^3 + t M^2 k)``, negligible next to the ``O(t n M)`` kernel
+  passes.
+- float64 inputs: ``G + jitter * mean(diag G) * I`` is factored by Cholesky (Example 1.1; jitter
+  ``M * eps64``, the paper's ``eps * M``); if that fails (rank-deficient ``K_MM``, e.g. duplicate
+  centers) the eigendecomposition of Example 2 takes over.
+- float32 inputs: the eigendecomposition of Example 2, dropping eigenvalues of ``G`` at or below
+  ``eps32 * max``, whenever there are such eigenvalues. Directions of ``K_MM`` that the float32
+  kernel pass cannot resolve make ``W`` ill conditioned through any jitter (CG diverged at
+  lambda = 1e-9 with jitters from ``M eps64`` to ``1e-3``); removing them (q < M) keeps it
+  convergent. When there are none, that truncated eigendecomposition keeps every direction and
+  builds the same ``B' B'^T`` as a Cholesky factor, so the Cholesky (jitter ``M eps64``) is used
+  instead: about 15 s of setup against 190 s for the eigh at M = 10,000 on the development
+  machine. Which case holds is decided from Ritz estimates of the extreme eigenvalues of ``G``
+  (subspace iteration, ``O(M^2)`` per step, the inverse one with the Cholesky factor).
+- ``factorization="pivoted"``: a pivoted Cholesky (LAPACK ``?pstrf``) that stops at pivots below
+  ``rcond`` times the top eigenvalue; the dropped centers get ``alpha = 0`` and ``Q`` of Def. 3 is
+  the column selection of the kept ones. ``O(M q^2)``: for large M with a low numerical rank.
+- ``A = chol(T T^T / M + lambda I)`` with ``T T^T = L^T L`` formed by LAPACK ``?lauum`` on the CPU
+  (a sixth of a GEMM's flops, 7.5 s instead of 25 s at M = 10,000) and factored in place.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from kgp.plugin import Problem
+
+from .lapack import pivoted_cholesky, upper_cholesky_of_scaled_product
+
+__all__ = ["Preconditioner", "build_preconditioner", "gram"]
+
+
+@dataclass
+class Preconditioner:
+    r"""The map ``B' = D Q T^{-1} A^{-1}`` of Def. 3 (without the ``1/sqrt(n)``) and its pieces.
+
+    Either triangular factors (``T`` and ``A`` upper triangular, ``Q = I``; Example 1.1) or the
+    diagonal eigen-form (``Q`` = kept eigenvectors, ``T = diag(sqrt(s))``,
+    ``A = diag(sqrt(s / M + lambda))``; Example 2), in which case ``t_diag``/``a_diag`` are set.
+    """
+
+    lam: float
+    d: Tensor | None  # diagonal of D (length M), None for D = I
+    T: Tensor | None = None  # upper triangular, T^T T = D K_MM D + jitter
+    A: Tensor | None = None  # upper triangular, A^T A = T T^T / M + lam I
+    Q: Tensor | None = None  # M x q eigenvectors (eig path)
+    keep: Tensor | None = None  # pivoted path: indices of the q kept centers (Q = columns of I)
+    m: int = 0  # number of centers M (pivoted path)
+    t_diag: Tensor | None = None
+    a_diag: Tensor | None = None
+    method: str = "cholesky"
+
+    @property
+    def rank(self) -> int:
+        """q: the number of directions the preconditioner keeps (M unless some were dropped)."""
+        if self.Q is not None:
+            return self.Q.shape[1]
+        return self.T.shape[0]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The working precision of the factors and of the CG vectors."""
+        return self.T.dtype if self.T is not None else self.Q.dtype
+
+    def apply(self, u: Tensor) -> Tensor:
+        """``B' u = D Q T^{-1} A^{-1} u`` (q x k -> M x k)."""
+        if self.T is not None:
+            v = torch.linalg.solve_triangular(self.A, u, upper=True)
+            v = torch.linalg.solve_triangular(self.T, v, upper=True)
+            if self.keep is not None:
+                full = v.new_zeros(self.m, v.shape[1])
+                full[self.keep] = v
+                v = full
+        else:
+            v = self.Q @ (u / (self.t_diag * self.a_diag).unsqueeze(-1))
+        return v if self.d is None else v * self.d.unsqueeze(-1)
+
+    def apply_t(self, v: Tensor) -> Tensor:
+        """``B'^T v = A^{-T} T^{-T} Q^T D v`` (M x k -> q x k)."""
+        if self.d is not None:
+            v = v * self.d.unsqueeze(-1)
+        if self.T is not None:
+            if self.keep is not None:
+                v = v[self.keep]
+            u = torch.linalg.solve_triangular(self.T.mT, v, upper=False)
+            return torch.linalg.solve_triangular(self.A.mT, u, upper=False)
+        return (self.Q.mT @ v) / (self.t_diag * self.a_diag).unsqueeze(-1)
+
+    def regulariser(self, u: Tensor) -> Tensor:
+        """``lambda A^{-T} A^{-1} u``: the ``lambda n K_MM`` part of ``W'`` (uses ``Q^T G Q = T^T T``)."""
+        if self.T is not None:
+            v = torch.linalg.solve_triangular(self.A, u, upper=True)
+            return self.lam * torch.linalg.solve_triangular(self.A.mT, v, upper=False)
+        return self.lam * u / self.a_diag.square().unsqueeze(-1)
+
+
+def gram(problem: Problem, work: torch.dtype, d: Tensor | None) -> Tensor:
+    """``G = D K_MM D`` in the working precision, exactly symmetric."""
+    Zw = problem.centers.points.to(work)
+    G = problem.kernel_operator(Zw, Zw).to_dense()
+    if d is not None:
+        G.mul_(d.unsqueeze(0)).mul_(d.unsqueeze(1))
+    G.add_(G.mT.clone()).mul_(0.5)  # symmetric to the last bit, for Cholesky and eigh alike
+    return G
+
+
+def build_preconditioner(
+    problem: Problem,
+    weights: Tensor | None,
+    *,
+    factorization: str,
+    precond_dtype: str,
+    jitter: float | None,
+    rcond: float | None,
+) -> Preconditioner:
+    """Build ``Q, T, A`` of Def. 3 (Example 1.1, a pivoted variant, or Example 2) from ``G = D K_MM D``.
+
+    Parameters are the solver options of the same names (see :class:`~.solver.FalkonSolver`);
+    ``weights`` is the diagonal of D or None.
+    """
+    work = torch.float64 if precond_dtype == "float64" else problem.dtype
+    M = problem.centers.points.shape[0]
+    lam = problem.lam
+    d = None if weights is None else weights.to(work)
+    # K_MM is evaluated in the working precision (not cast from the input dtype), so the
+    # factors describe the exact kernel.
+    G = gram(problem, work, d)
+    diag = G.diagonal()
+    mean_diag, max_diag = float(diag.mean()), float(diag.max())
+    if not math.isfinite(mean_diag) or not math.isfinite(max_diag) or float(diag.min()) <= 0:
+        raise ValueError(
+            f"solver 'falkon': K_MM has a non-positive or non-finite diagonal (mean {mean_diag!r}); "
+            "check the kernel and the centers"
+        )
+    eps = torch.finfo(problem.dtype).eps
+    if rcond is None:
+        # float64: the pseudo-inverse convention M eps. float32: eps32 alone, the precision of
+        # the kernel pass; M eps32 also dropped directions that carried 3% of the prediction.
+        rcond = M * eps if problem.dtype == torch.float64 else eps
+    method = factorization
+    if method == "auto":
+        # float64: Cholesky, eigh if it fails. float32: Cholesky too, but only if no eigenvalue of
+        # G lies at or below rcond * max, i.e. if the truncated eigh of Example 2 would keep every
+        # direction and so build the same preconditioner; otherwise that eigh. Directions below
+        # eps32 of the top one are invisible to float32 kernel passes and made CG diverge at
+        # lambda = 1e-9 through any jitter (docs/solvers/falkon.md, "Numerics").
+        method = "cholesky_or_eigh" if problem.dtype == torch.float64 else "checked_cholesky_or_eigh"
+    if method in ("cholesky", "cholesky_or_eigh", "checked_cholesky_or_eigh"):
+        checked = method == "checked_cholesky_or_eigh"
+        if jitter is None:
+            # the paper's M eps. The checked float32 path judges the spectrum of G itself, so its
+            # jitter stays far below eps32: M eps64.
+            jitter = M * (torch.finfo(torch.float64).eps if checked else eps)
+        G.diagonal().add_(jitter * mean_diag)
+        lmax = _largest_eigenvalue(G) if checked else 0.0
+        L, info = torch.linalg.cholesky_ex(G)
+        del G
+        ok = int(info) == 0
+        if ok and checked:
+            ok = _smallest_eigenvalue(L) > rcond * lmax
+        if ok:
+            prec = from_cholesky(L, lam=lam, d=d, n_centers=M)
+            if prec is not None:
+                return prec
+        del L
+        if method == "cholesky":
+            raise ValueError(
+                f"solver 'falkon': Cholesky of D K_MM D + jitter failed in {work} (K_MM is rank deficient, "
+                "e.g. duplicate centers); use solver option factorization='auto', 'pivoted' or 'eigh', or a "
+                "larger 'jitter'"
+            )
+        G = gram(problem, work, d)  # rare fallback: recompute instead of keeping a copy
+        method = "eigh"
+    if method == "pivoted":
+        # the threshold of Example 2 (rcond times the top eigenvalue), applied to the pivots
+        L, keep = pivoted_cholesky(G, rcond * _largest_eigenvalue(G))
+        del G
+        prec = from_cholesky(L, lam=lam, d=d, n_centers=keep.numel(), keep=keep, m=M)
+        if prec is None:
+            raise ValueError(f"solver 'falkon': Cholesky of T T^T / M + lambda I failed in {work}")
+        return prec
+    s, U = torch.linalg.eigh(G)
+    del G
+    # eigh sorts ascending: the kept eigenpairs are a trailing block (a view, no copy of U)
+    first = int((s <= rcond * s[-1]).sum())
+    s, U = s[first:], U[:, first:]
+    if s.numel() == 0:
+        raise ValueError("solver 'falkon': D K_MM D has no eigenvalue above rcond * max; check the kernel and centers")
+    return Preconditioner(lam=lam, d=d, Q=U, t_diag=s.sqrt(), a_diag=(s / M + lam).sqrt(), method="eigh")
+
+
+def from_cholesky(
+    L: Tensor, *, lam: float, d: Tensor | None, n_centers: int, keep: Tensor | None = None, m: int = 0
+) -> Preconditioner | None:
+    """Def. 3 from a lower Cholesky factor ``L`` of the (kept block of) ``D K_MM D``; None if A fails.
+
+    ``T = L^T`` and ``A = chol(T T^T / n_centers + lambda I)``. With ``keep`` (the pivoted path)
+    ``Q`` is the column selection of the kept centers and ``n_centers`` their number q: when the
+    dropped centers duplicate kept ones this is FALKON on the deduplicated centers.
+    """
+    T = L.mT  # upper triangular, T^T T = L L^T
+    A = upper_cholesky_of_scaled_product(L, 1.0 / n_centers, lam)
+    if A is None:
+        return None
+    method = "cholesky" if keep is None else "pivoted"
+    return Preconditioner(lam=lam, d=d, T=T, A=A, keep=keep, m=m, method=method)
+
+
+def _start_block(G: Tensor, block: int) -> Tensor:
+    g = torch.Generator(device=G.device).manual_seed(0)
+    return torch.randn(G.shape[0], min(block, G.shape[0]), generator=g, dtype=G.dtype, device=G.device)
+
+
+def _largest_eigenvalue(G: Tensor, iters: int = 15, block: int = 8) -> float:
+    """Ritz estimate (a lower bound) of the largest eigenvalue of symmetric ``G`` by subspace iteration.
+
+    ``O(iters M^2 block)`` from a fixed seed. The product is formed as ``(V^T G)^T`` (G is
+    symmetric), which ran 1.5-9x faster than ``G V`` for 8 columns at M = 10,000 here.
+    """
+    V = _start_block(G, block)
+    for _ in range(iters):
+        V = torch.linalg.qr((V.mT @ G).mT).Q
+    return float(torch.linalg.eigvalsh(V.mT @ (V.mT @ G).mT)[-1])
+
+
+def _smallest_eigenvalue(L: Tensor, iters: int = 15, block: int = 8) -> float:
+    """Ritz estimate (an upper bound) of the smallest eigenvalue of ``L L^T`` by inverse subspace iteration.
+
+    Two triangular solves per step with the Cholesky factor ``L``: ``O(iters M^2 block)`` against
+    ``O(M^3)`` with a large constant for ``eigvalsh``. Capped by ``min L_ii^2``, also an upper bound.
+    """
+    V = _start_block(L, block)
+    for _ in range(iters):
+        V = torch.linalg.solve_triangular(L, V, upper=False)
+        V = torch.linalg.qr(torch.linalg.solve_triangular(L.mT, V, upper=True)).Q
+    R = L.mT @ V
+    return min(float(torch.linalg.eigvalsh(R.mT @ R)[0]), float(L.diagonal().square().min()))
