@@ -8,6 +8,7 @@ weighted form. Real-data tests read ../shared/data next to the checkout and skip
 from __future__ import annotations
 
 import gzip
+import re
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ import torch
 from kgp_builtins.falkon import FalkonSolver
 
 import kgp
+from kgp.options import InvalidOptionError
 from kgp.plugin import Problem
 
 F64 = torch.float64
@@ -116,8 +118,10 @@ def test_registered_with_documented_defaults():
     solver = kgp.get_solver("falkon")
     assert isinstance(solver, FalkonSolver)
     assert solver.uses_centers is True
-    assert solver.option_defaults["maxiter"] == 20
-    assert solver.option_defaults["residual_every"] == 10
+    assert solver.option_defaults["maxiter"].default == 20
+    assert solver.option_defaults["residual_every"].default == 10
+    merged = kgp.merge_options("solver 'falkon'", solver.option_defaults, {"residual_every": None})
+    assert merged["residual_every"] == 0  # None means never
 
 
 def test_m_equals_n_one_iteration_is_exact_krr():
@@ -332,23 +336,29 @@ def test_float32_and_float64_dtype_follow_input():
 @pytest.mark.parametrize(
     "options,match",
     [
-        ({"maxiter": 0}, "maxiter"),
-        ({"maxiter": 2.5}, "maxiter"),
-        ({"maxiter": True}, "maxiter"),
-        ({"tol": -1.0}, "tol"),
-        ({"tol": "small"}, "tol"),
-        ({"residual_every": -1}, "residual_every"),
-        ({"jitter": -1e-3}, "jitter"),
-        ({"rcond": 1.5}, "rcond"),
-        ({"factorization": "qr"}, "factorization"),
-        ({"precond_dtype": "float16"}, "precond_dtype"),
-        ({"max_iter": 5}, "max_iter"),
+        ({"maxiter": 0}, "'maxiter': expected an integer >= 1, got 0"),
+        ({"maxiter": 2.5}, "'maxiter': expected an integer >= 1, got 2.5"),
+        ({"maxiter": True}, "'maxiter': expected an integer >= 1, got True"),
+        ({"tol": -1.0}, "'tol': expected a finite number >= 0, got -1.0"),
+        ({"tol": "small"}, "'tol': expected a finite number >= 0, got 'small'"),
+        ({"residual_every": -1}, "'residual_every': expected an integer >= 0 or None, got -1"),
+        ({"jitter": -1e-3}, "'jitter': expected a finite number >= 0 or None, got -0.001"),
+        ({"rcond": 1.5}, "'rcond': expected a finite number >= 0 and < 1 or None, got 1.5"),
+        ({"factorization": "qr"}, "'factorization': expected one of 'auto', 'cholesky', 'pivoted', 'eigh', got 'qr'"),
+        ({"precond_dtype": "float16"}, "'precond_dtype': expected one of 'float64', 'input', got 'float16'"),
+        ({"max_iter": 5}, r"unknown option(s) ['max_iter'] for solver 'falkon'"),
     ],
 )
 def test_bad_options_raise(options, match):
     X, y = synthetic(n=100, d=2)
-    with pytest.raises(ValueError, match=match):
+    name = next(iter(options))
+    error = ValueError if name == "max_iter" else InvalidOptionError
+    prefix = "" if name == "max_iter" else "solver 'falkon' option "
+    with pytest.raises(error, match=re.escape(prefix + match)):
         kgp.KernelRegressor(solver="falkon", n_centers=10, solver_options=options).fit(X, y)
+    # a direct fit(problem) call (options not merged by a model) checks them the same way
+    with pytest.raises(error, match=re.escape(prefix + match)):
+        fit(X, y, X[:10], 0.1, **options)
 
 
 def test_bad_problem_raises():

@@ -12,13 +12,13 @@ kernel expansion over the centers.
 from __future__ import annotations
 
 import math
-from numbers import Integral, Real
 from typing import Any
 
 import torch
 from torch import Tensor
 
 import kgp
+from kgp.options import Option
 from kgp.plugin import KernelExpansion, Problem, merge_options
 
 from .cg import conjugate_gradient
@@ -26,8 +26,13 @@ from .preconditioner import build_preconditioner
 
 __all__ = ["FalkonSolver"]
 
-_FACTORIZATIONS = ("auto", "cholesky", "pivoted", "eigh")
-_PRECOND_DTYPES = ("float64", "input")
+_OPTIONAL_COUNT = Option.integer(10, minimum=0, allow_none=True)
+
+
+def _count_or_zero(value: Any) -> int:
+    """``residual_every``: an integer >= 0, with None meaning 0 (never)."""
+    value = _OPTIONAL_COUNT.check(value)
+    return 0 if value is None else value
 
 
 class FalkonSolver:
@@ -41,8 +46,8 @@ class FalkonSolver:
     tol : float, default 1e-7
         Early stop when every output's relative residual ``||b' - W' beta'|| / ||b'||`` of the
         preconditioned system is at most ``tol`` (0 disables; the paper runs exactly t steps).
-    residual_every : int, default 10
-        Replace the recursive CG residual by the true one every this many iterations (0 never).
+    residual_every : int or None, default 10
+        Replace the recursive CG residual by the true one every this many iterations (0 or None: never).
         Costs no extra kernel pass (extra columns of the fused pass).
     jitter : float or None, default None
         Cholesky path: added to the diagonal of ``D K_MM D``, relative to its mean diagonal
@@ -77,61 +82,50 @@ class FalkonSolver:
     ``O(M^2)`` for the factors plus the backend's block budget.
     """
 
-    option_defaults: dict[str, Any] = {
-        "maxiter": 20,
-        "tol": 1e-7,
-        "residual_every": 10,
-        "jitter": None,
-        "factorization": "auto",
-        "precond_dtype": "float64",
-        "rcond": None,
-        "kernel_cache": "auto",
+    option_defaults: dict[str, Option] = {
+        "maxiter": Option.integer(
+            20, minimum=1, help="CG iterations t (Thm. 3 asks t >= log(n)/2 + 5 + 2 log(a + 3 kappa))"
+        ),
+        "tol": Option.number(
+            1e-7,
+            minimum=0.0,
+            help="stop once every output's relative preconditioned residual is <= tol (0: run all maxiter)",
+        ),
+        "residual_every": Option(
+            10,
+            help="replace the recursive CG residual by the true one every this many iterations (0 or None: never)",
+            expected=_OPTIONAL_COUNT.expected,
+            check=_count_or_zero,
+        ),
+        "jitter": Option.number(
+            None,
+            minimum=0.0,
+            allow_none=True,
+            help="Cholesky of D K_MM D: diagonal shift relative to its mean diagonal (None: M eps)",
+        ),
+        "factorization": Option.choice(
+            "auto",
+            ("auto", "cholesky", "pivoted", "eigh"),
+            help="preconditioner of Def. 3: Cholesky (Ex. 1.1), eigh (Ex. 2), pivoted Cholesky, or auto",
+        ),
+        "precond_dtype": Option.choice(
+            "float64", ("float64", "input"), help="precision of K_MM, its factors and the CG vectors"
+        ),
+        "rcond": Option.number(
+            None,
+            minimum=0.0,
+            maximum=1.0,
+            exclusive_maximum=True,
+            allow_none=True,
+            help="eigh / pivoted: drop eigenvalues (pivots) <= rcond * max (None: M eps64, or eps32 for float32)",
+        ),
+        "kernel_cache": Option.choice(
+            "auto", ("auto", "never"), help="keep K_nM in memory from the second pass when it fits the budget"
+        ),
     }
     uses_centers = True
 
     # ------------------------------------------------------------------ checks
-    @staticmethod
-    def _check_options(options: dict[str, Any]) -> dict[str, Any]:
-        # the model merges and checks names (kgp.merge_options); a direct fit(problem) call gets the same check
-        opts = merge_options("solver 'falkon'", FalkonSolver.option_defaults, options)
-        maxiter = opts["maxiter"]
-        if isinstance(maxiter, bool) or not isinstance(maxiter, Integral) or maxiter < 1:
-            raise ValueError(f"solver option 'maxiter': expected a positive integer, got {maxiter!r}")
-        every = opts["residual_every"]
-        if every is None:
-            every = 0
-        if isinstance(every, bool) or not isinstance(every, Integral) or every < 0:
-            raise ValueError(f"solver option 'residual_every': expected an integer >= 0, got {every!r}")
-        tol = _check_real(opts["tol"], "tol", allow_zero=True)
-        jitter = opts["jitter"]
-        if jitter is not None:
-            jitter = _check_real(jitter, "jitter", allow_zero=True)
-        rcond = opts["rcond"]
-        if rcond is not None:
-            rcond = _check_real(rcond, "rcond", allow_zero=True)
-            if rcond >= 1:
-                raise ValueError(f"solver option 'rcond': expected a number in [0, 1), got {rcond!r}")
-        if opts["factorization"] not in _FACTORIZATIONS:
-            raise ValueError(
-                f"solver option 'factorization': expected one of {_FACTORIZATIONS}, got {opts['factorization']!r}"
-            )
-        if opts["precond_dtype"] not in _PRECOND_DTYPES:
-            raise ValueError(
-                f"solver option 'precond_dtype': expected one of {_PRECOND_DTYPES}, got {opts['precond_dtype']!r}"
-            )
-        if opts["kernel_cache"] not in ("auto", "never"):
-            raise ValueError(f"solver option 'kernel_cache': expected 'auto' or 'never', got {opts['kernel_cache']!r}")
-        return {
-            "kernel_cache": opts["kernel_cache"],
-            "maxiter": int(maxiter),
-            "tol": tol,
-            "residual_every": int(every),
-            "jitter": jitter,
-            "factorization": opts["factorization"],
-            "precond_dtype": opts["precond_dtype"],
-            "rcond": rcond,
-        }
-
     @staticmethod
     def _check_problem(problem: Problem) -> Tensor | None:
         if problem.centers is None:
@@ -162,11 +156,14 @@ class FalkonSolver:
 
         Raises
         ------
+        kgp.options.InvalidOptionError
+            (a ValueError) On an invalid option value.
         ValueError
-            On invalid options, missing centers, bad weights, or a failed factorization with
+            On unknown options, missing centers, bad weights, or a failed factorization with
             ``factorization="cholesky"``.
         """
-        opts = self._check_options(problem.options)
+        # the model merged these already; a direct fit(problem) call gets the same checks (idempotent)
+        opts = merge_options("solver 'falkon'", self.option_defaults, problem.options)
         weights = self._check_problem(problem)
         dtype = problem.dtype
         monitor = problem.monitor
@@ -199,12 +196,3 @@ class FalkonSolver:
                 extras={"factorization": prec.method, "rank": prec.rank},
             )
             return expansion(beta)
-
-
-def _check_real(value: Any, name: str, *, allow_zero: bool) -> float:
-    if isinstance(value, bool) or not isinstance(value, Real):
-        raise ValueError(f"solver option {name!r}: expected a number, got {value!r}")
-    value = float(value)
-    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
-        raise ValueError(f"solver option {name!r}: expected a finite number >= 0, got {value!r}")
-    return value
