@@ -16,6 +16,7 @@ import torch
 from kgp_builtins.falkon import FalkonSolver
 
 import kgp
+from kgp.linalg import NotPSDError, largest_eigenvalue, smallest_eigenvalue_from_cholesky
 from kgp.options import InvalidOptionError
 from kgp.plugin import Problem
 
@@ -239,7 +240,7 @@ def test_duplicate_centers_predict_like_deduplicated(dtype, options):
 def test_cholesky_only_raises_on_singular_kmm():
     X, y = synthetic(n=300, d=2)
     Z = torch.cat([X[:40], X[:40]])
-    with pytest.raises(ValueError, match="factorization='auto', 'pivoted' or 'eigh'"):
+    with pytest.raises(NotPSDError, match=r"D K_MM D \+ jitter .* factorization='auto', 'pivoted' or 'eigh'"):
         fit(X, y, Z, 0.1, factorization="cholesky", jitter=0.0)
 
 
@@ -450,15 +451,13 @@ def test_float32_auto_takes_cholesky_when_no_eigenvalue_would_be_dropped():
 
 
 def test_extreme_eigenvalue_estimates_bracket_eigvalsh():
-    from kgp_builtins.falkon.preconditioner import _largest_eigenvalue, _smallest_eigenvalue
-
     for lengthscale, M in ((0.7, 300), (2.0, 300), (1.0, 40)):
         Z = torch.randn(M, 3, generator=torch.Generator().manual_seed(M), dtype=F64)
         G = dense(rbf(lengthscale), Z, Z)
         G.diagonal().add_(1e-6)
         s = torch.linalg.eigvalsh(G)
-        lmin, lmax = _smallest_eigenvalue(torch.linalg.cholesky(G)), _largest_eigenvalue(G)
-        # Rayleigh quotients: lmin is an upper bound, lmax a lower bound; both close after 15 steps
+        lmin, lmax = smallest_eigenvalue_from_cholesky(torch.linalg.cholesky(G)), largest_eigenvalue(G)
+        # Rayleigh quotients: lmin is an upper bound (15 steps), lmax a lower bound (converged)
         assert s[0] * (1 - 1e-9) <= lmin <= 2 * s[0]
         assert 0.999 * s[-1] <= lmax <= s[-1] * (1 + 1e-9)
 
@@ -477,8 +476,9 @@ def test_scaled_product_cholesky_lapack_path(dtype):
         A = upper_cholesky_of_scaled_product(L, 1 / 200, 1e-4, use_lapack=use_lapack)
         assert A.dtype == dtype and torch.equal(A, A.triu())
         assert rel(A.mT.double() @ A.double(), expected) < tol
-        # not positive definite: reported, not raised
-        assert upper_cholesky_of_scaled_product(L, 1 / 200, -1.0, use_lapack=use_lapack) is None
+        # not positive definite: NotPSDError naming the matrix, on both paths
+        with pytest.raises(NotPSDError, match=r"the product \(200 x 200, torch.float\d\d\) is not positive definite"):
+            upper_cholesky_of_scaled_product(L, 1 / 200, -1.0, use_lapack=use_lapack, what="the product")
 
 
 def test_pivoted_full_rank_matches_direct_nystrom():
@@ -510,6 +510,16 @@ def test_pivoted_drops_dependent_centers_with_zero_coefficients():
     # one coefficient per distinct center, the duplicate's is exactly zero
     assert int((pred.alpha[:, 0] != 0).sum()) == 50
     assert rel(pred.predict(X), dense(rbf(1.0), X, Z0) @ direct_nystrom(rbf(1.0), X, y, Z0, 0.2)) < 1e-6
+
+
+def test_pivoted_rcond_that_keeps_no_center_raises():
+    # ten copies of one center: max eigenvalue 10 x the diagonal, so rcond = 0.5 stops before any pivot
+    X, y = synthetic(n=200, d=2)
+    Z = X[:1].repeat(10, 1)
+    with pytest.raises(InvalidOptionError, match=r"solver 'falkon' option 'rcond': expected .* = 0.1 .* got 0.5"):
+        fit(X, y, Z, 0.1, factorization="pivoted", rcond=0.5)
+    pred = fit(X, y, Z, 0.1, factorization="pivoted", rcond=0.05)
+    assert int((pred.alpha != 0).sum()) == 1
 
 
 def test_float32_pivoted_small_lambda_does_not_diverge(shared_data):

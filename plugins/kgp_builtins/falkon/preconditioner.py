@@ -26,12 +26,16 @@ Numerics (see docs/solvers/falkon.md for the measurements behind these choices):
   builds the same ``B' B'^T`` as a Cholesky factor, so the Cholesky (jitter ``M eps64``) is used
   instead: about 15 s of setup against 190 s for the eigh at M = 10,000 on the development
   machine. Which case holds is decided from Ritz estimates of the extreme eigenvalues of ``G``
-  (subspace iteration, ``O(M^2)`` per step, the inverse one with the Cholesky factor).
+  (:func:`kgp.linalg.largest_eigenvalue` and :func:`kgp.linalg.smallest_eigenvalue_from_cholesky`:
+  subspace iteration, ``O(M^2)`` per step, the inverse one with the Cholesky factor).
 - ``factorization="pivoted"``: a pivoted Cholesky (LAPACK ``?pstrf``) that stops at pivots below
   ``rcond`` times the top eigenvalue; the dropped centers get ``alpha = 0`` and ``Q`` of Def. 3 is
   the column selection of the kept ones. ``O(M q^2)``: for large M with a low numerical rank.
 - ``A = chol(T T^T / M + lambda I)`` with ``T T^T = L^T L`` formed by LAPACK ``?lauum`` on the CPU
   (a sixth of a GEMM's flops, 7.5 s instead of 25 s at M = 10,000) and factored in place.
+- Every not-positive-definite failure (``factorization="cholesky"`` on a rank-deficient ``K_MM``, a
+  kernel with a non-positive diagonal, ``A`` in too low a precision) raises
+  :class:`kgp.linalg.NotPSDError` naming the matrix and a remedy.
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from kgp.linalg import NotPSDError, largest_eigenvalue, psd_cholesky, smallest_eigenvalue_from_cholesky
+from kgp.options import InvalidOptionError
 from kgp.plugin import Problem
 
 from .lapack import pivoted_cholesky, upper_cholesky_of_scaled_product
@@ -147,7 +153,7 @@ def build_preconditioner(
     diag = G.diagonal()
     mean_diag, max_diag = float(diag.mean()), float(diag.max())
     if not math.isfinite(mean_diag) or not math.isfinite(max_diag) or float(diag.min()) <= 0:
-        raise ValueError(
+        raise NotPSDError(
             f"solver 'falkon': K_MM has a non-positive or non-finite diagonal (mean {mean_diag!r}); "
             "check the kernel and the centers"
         )
@@ -171,86 +177,76 @@ def build_preconditioner(
             # jitter stays far below eps32: M eps64.
             jitter = M * (torch.finfo(torch.float64).eps if checked else eps)
         G.diagonal().add_(jitter * mean_diag)
-        lmax = _largest_eigenvalue(G) if checked else 0.0
-        L, info = torch.linalg.cholesky_ex(G)
-        del G
-        ok = int(info) == 0
-        if ok and checked:
-            ok = _smallest_eigenvalue(L) > rcond * lmax
-        if ok:
-            prec = from_cholesky(L, lam=lam, d=d, n_centers=M)
-            if prec is not None:
-                return prec
-        del L
-        if method == "cholesky":
-            raise ValueError(
-                f"solver 'falkon': Cholesky of D K_MM D + jitter failed in {work} (K_MM is rank deficient, "
-                "e.g. duplicate centers); use solver option factorization='auto', 'pivoted' or 'eigh', or a "
-                "larger 'jitter'"
+        lmax = largest_eigenvalue(G) if checked else 0.0
+        try:
+            # the jitter is the paper's fixed M eps: never grown (max_tries=0); eigh takes over instead
+            L = psd_cholesky(
+                G,
+                max_tries=0,
+                what="solver 'falkon': D K_MM D + jitter * mean(diag) * I",
+                remedy="K_MM is rank deficient (e.g. duplicate centers); use solver option "
+                "factorization='auto', 'pivoted' or 'eigh', or a larger 'jitter'",
             )
+        except NotPSDError:
+            if method == "cholesky":
+                raise
+            L = None
+        del G  # before A is formed: one M x M array less at the peak
+        prec = None
+        # the float32 check: an eigenvalue at or below rcond * max means the truncated eigh instead
+        if L is not None and (not checked or smallest_eigenvalue_from_cholesky(L) > rcond * lmax):
+            try:
+                prec = from_cholesky(L, lam=lam, d=d, n_centers=M)
+            except NotPSDError:
+                if method == "cholesky":
+                    raise
+        del L
+        if prec is not None:
+            return prec
         G = gram(problem, work, d)  # rare fallback: recompute instead of keeping a copy
         method = "eigh"
     if method == "pivoted":
         # the threshold of Example 2 (rcond times the top eigenvalue), applied to the pivots
-        L, keep = pivoted_cholesky(G, rcond * _largest_eigenvalue(G))
+        tol = rcond * largest_eigenvalue(G)
+        if max_diag <= tol:  # ?pstrf would stop before its first pivot, the largest diagonal entry
+            raise InvalidOptionError(
+                f"solver 'falkon' option 'rcond': expected a number below max(diag) / max eigenvalue of D K_MM D "
+                f"= {max_diag * rcond / tol:.3g} with factorization='pivoted' (no center kept), got {rcond!r}"
+            )
+        L, keep = pivoted_cholesky(G, tol)
         del G
-        prec = from_cholesky(L, lam=lam, d=d, n_centers=keep.numel(), keep=keep, m=M)
-        if prec is None:
-            raise ValueError(f"solver 'falkon': Cholesky of T T^T / M + lambda I failed in {work}")
-        return prec
+        return from_cholesky(L, lam=lam, d=d, n_centers=keep.numel(), keep=keep, m=M)
     s, U = torch.linalg.eigh(G)
     del G
     # eigh sorts ascending: the kept eigenpairs are a trailing block (a view, no copy of U)
     first = int((s <= rcond * s[-1]).sum())
     s, U = s[first:], U[:, first:]
-    if s.numel() == 0:
-        raise ValueError("solver 'falkon': D K_MM D has no eigenvalue above rcond * max; check the kernel and centers")
+    if s.numel() == 0:  # only if no eigenvalue is positive (the diagonal check makes this unreachable)
+        raise NotPSDError("solver 'falkon': D K_MM D has no positive eigenvalue; check the kernel and the centers")
     return Preconditioner(lam=lam, d=d, Q=U, t_diag=s.sqrt(), a_diag=(s / M + lam).sqrt(), method="eigh")
 
 
 def from_cholesky(
     L: Tensor, *, lam: float, d: Tensor | None, n_centers: int, keep: Tensor | None = None, m: int = 0
-) -> Preconditioner | None:
-    """Def. 3 from a lower Cholesky factor ``L`` of the (kept block of) ``D K_MM D``; None if A fails.
+) -> Preconditioner:
+    """Def. 3 from a lower Cholesky factor ``L`` of the (kept block of) ``D K_MM D``.
 
     ``T = L^T`` and ``A = chol(T T^T / n_centers + lambda I)``. With ``keep`` (the pivoted path)
     ``Q`` is the column selection of the kept centers and ``n_centers`` their number q: when the
     dropped centers duplicate kept ones this is FALKON on the deduplicated centers.
+
+    Raises
+    ------
+    NotPSDError
+        If ``T T^T / n_centers + lambda I`` is not numerically positive definite.
     """
     T = L.mT  # upper triangular, T^T T = L L^T
-    A = upper_cholesky_of_scaled_product(L, 1.0 / n_centers, lam)
-    if A is None:
-        return None
+    A = upper_cholesky_of_scaled_product(
+        L,
+        1.0 / n_centers,
+        lam,
+        what="solver 'falkon': T T^T / M + lambda I (A of Def. 3)",
+        remedy="use solver option precond_dtype='float64', or a larger noise",
+    )
     method = "cholesky" if keep is None else "pivoted"
     return Preconditioner(lam=lam, d=d, T=T, A=A, keep=keep, m=m, method=method)
-
-
-def _start_block(G: Tensor, block: int) -> Tensor:
-    g = torch.Generator(device=G.device).manual_seed(0)
-    return torch.randn(G.shape[0], min(block, G.shape[0]), generator=g, dtype=G.dtype, device=G.device)
-
-
-def _largest_eigenvalue(G: Tensor, iters: int = 15, block: int = 8) -> float:
-    """Ritz estimate (a lower bound) of the largest eigenvalue of symmetric ``G`` by subspace iteration.
-
-    ``O(iters M^2 block)`` from a fixed seed. The product is formed as ``(V^T G)^T`` (G is
-    symmetric), which ran 1.5-9x faster than ``G V`` for 8 columns at M = 10,000 here.
-    """
-    V = _start_block(G, block)
-    for _ in range(iters):
-        V = torch.linalg.qr((V.mT @ G).mT).Q
-    return float(torch.linalg.eigvalsh(V.mT @ (V.mT @ G).mT)[-1])
-
-
-def _smallest_eigenvalue(L: Tensor, iters: int = 15, block: int = 8) -> float:
-    """Ritz estimate (an upper bound) of the smallest eigenvalue of ``L L^T`` by inverse subspace iteration.
-
-    Two triangular solves per step with the Cholesky factor ``L``: ``O(iters M^2 block)`` against
-    ``O(M^3)`` with a large constant for ``eigvalsh``. Capped by ``min L_ii^2``, also an upper bound.
-    """
-    V = _start_block(L, block)
-    for _ in range(iters):
-        V = torch.linalg.solve_triangular(L, V, upper=False)
-        V = torch.linalg.qr(torch.linalg.solve_triangular(L.mT, V, upper=True)).Q
-    R = L.mT @ V
-    return min(float(torch.linalg.eigvalsh(R.mT @ R)[0]), float(L.diagonal().square().min()))

@@ -55,7 +55,7 @@ class FalkonSolver:
         input dtype (the paper's Algorithm 1 uses ``eps * M``); ``M * eps64`` on the float32
         ``"auto"`` path, which must see the spectrum of ``K_MM`` itself.
     factorization : {"auto", "cholesky", "pivoted", "eigh"}, default "auto"
-        ``"cholesky"``: Def. 3, Example 1.1 (raises on rank-deficient ``K_MM``); ``"eigh"``:
+        ``"cholesky"``: Def. 3, Example 1.1 (raises NotPSDError on rank-deficient ``K_MM``); ``"eigh"``:
         Example 2, any rank, eigenvalues at or below ``rcond * max`` dropped; ``"pivoted"``:
         pivoted Cholesky stopped at pivots at or below ``rcond * max eigenvalue``, centers it does
         not keep get ``alpha = 0`` (fast when the numerical rank q is far below M); ``"auto"``:
@@ -159,8 +159,12 @@ class FalkonSolver:
         kgp.options.InvalidOptionError
             (a ValueError) On an invalid option value.
         ValueError
-            On unknown options, missing centers, bad weights, or a failed factorization with
-            ``factorization="cholesky"``.
+            On unknown options, missing centers or bad weights.
+        NotPSDError
+            (:class:`kgp.linalg.NotPSDError`) If a factorization that must succeed fails, e.g.
+            ``factorization="cholesky"`` on a rank-deficient ``K_MM``.
+        FloatingPointError
+            If the CG residual becomes non-finite (divergence).
         """
         # the model merged these already; a direct fit(problem) call gets the same checks (idempotent)
         opts = merge_options("solver 'falkon'", self.option_defaults, problem.options)
