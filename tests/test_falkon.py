@@ -362,6 +362,21 @@ def test_bad_options_raise(options, match):
         fit(X, y, X[:10], 0.1, **options)
 
 
+def test_docs_options_table_matches_declarations():
+    from pathlib import Path
+
+    from kgp.options import describe_options
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "solvers" / "falkon.md").read_text()
+    rows = {}
+    for line in page.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[0].startswith("`") and cells[0].endswith("`"):
+            rows[cells[0].strip("`")] = cells[2]
+    declared = {name: expected for name, _, expected, _ in describe_options(FalkonSolver.option_defaults)}
+    assert rows == declared
+
+
 def test_bad_problem_raises():
     X, y = synthetic(n=100, d=2)
     with pytest.raises(ValueError, match="centers"):
