@@ -26,12 +26,13 @@ from .preconditioner import build_preconditioner
 
 __all__ = ["FalkonSolver"]
 
-_OPTIONAL_COUNT = Option.integer(10, minimum=0, allow_none=True)
+# the check and wording of "an integer >= 0 or None", reused by residual_every with None normalised to 0
+_COUNT_OR_NONE = Option.integer(None, minimum=0, allow_none=True)
 
 
 def _count_or_zero(value: Any) -> int:
     """``residual_every``: an integer >= 0, with None meaning 0 (never)."""
-    value = _OPTIONAL_COUNT.check(value)
+    value = _COUNT_OR_NONE.check(value)
     return 0 if value is None else value
 
 
@@ -94,7 +95,7 @@ class FalkonSolver:
         "residual_every": Option(
             10,
             help="replace the recursive CG residual by the true one every this many iterations (0 or None: never)",
-            expected=_OPTIONAL_COUNT.expected,
+            expected=_COUNT_OR_NONE.expected,
             check=_count_or_zero,
         ),
         "jitter": Option.number(
