@@ -22,6 +22,7 @@ from kgp_builtins.dsg import (
 from linear_operator.operators import LinearOperator
 
 import kgp
+from kgp.options import InvalidOptionError
 from kgp.testing import OracleSpec, SolverConformance
 
 F64 = torch.float64
@@ -379,7 +380,7 @@ def test_partial_fit_refuses_a_different_number_of_features():
     model = kgp.KernelRegressor("rbf", noise=0.05, solver="dsg", solver_options=dict(features_per_step=8))
     model.partial_fit(X, y)
     model.solver_options = dict(features_per_step=16)
-    with pytest.raises(ValueError, match="features_per_step"):
+    with pytest.raises(InvalidOptionError, match="option 'features_per_step': expected 8 .*, got 16"):
         model.partial_fit(X, y)
 
 
@@ -408,7 +409,7 @@ def test_bad_options_are_named():
         ({"train_predictions": "maybe"}, "train_predictions"),
         ({"features_per_step": 2.5}, "features_per_step"),
     ]:
-        with pytest.raises(ValueError, match=name):
+        with pytest.raises(InvalidOptionError, match=f"solver 'dsg' option '{name}': expected "):
             kgp.KernelRegressor("rbf", solver="dsg", solver_options=bad).fit(X, y)
 
 

@@ -45,7 +45,8 @@ from typing import Any
 
 import torch
 
-from kgp.plugin import Problem
+from kgp.options import InvalidOptionError, Option
+from kgp.plugin import Problem, merge_options
 
 from .features import RandomFeatureExpansion, RandomFeatureMap
 from .spectra import SpectralSampler, spectral_sampler
@@ -53,82 +54,76 @@ from .spectra import SpectralSampler, spectral_sampler
 __all__ = ["DSGSolver"]
 
 
-def _check_int(options: Mapping[str, Any], name: str, *, allow_none: bool = False, minimum: int = 1) -> int | None:
-    value = options[name]
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        expected = f"an integer >= {minimum}" + (" or None" if allow_none else "")
-        raise ValueError(f"solver 'dsg' option {name}: expected {expected}, got {value!r}")
-    return int(value)
-
-
-def _check_float(options: Mapping[str, Any], name: str, *, auto: str | None = None, zero_ok: bool = False):
-    value = options[name]
-    if value is None or (auto is not None and value == auto):
-        return None
-    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-    if not ok or value < 0 or (value == 0 and not zero_ok):
-        none = f", None or {auto!r}" if auto else ", or None"
-        raise ValueError(
-            f"solver 'dsg' option {name}: expected a {'non-negative' if zero_ok else 'positive'} "
-            f"number{none}, got {value!r}"
-        )
-    return float(value)
+_OWNER = "solver 'dsg'"
+_POSITIVE_OR_NONE = {"minimum": 0.0, "exclusive_minimum": True, "allow_none": True}
 
 
 class DSGSolver:
     r"""Doubly stochastic functional gradient descent (Dai et al. 2014, Algorithms 1-2), square loss.
 
-    Options (defaults in :attr:`option_defaults`; see docs/solvers/dsg.md):
+    Options are declared in :attr:`option_defaults` (one line of help each; ``kgp plugins --options
+    dsg``) and validated by :func:`kgp.merge_options`; docs/solvers/dsg.md explains them. Notes on
+    the less obvious ones:
 
-    ``features_per_step`` (64)
-        r, random features drawn per step (one seed per step).
-    ``batch_size`` (256)
-        m, data points per step (sampled without replacement within each pass).
-    ``passes`` (10)
-        Passes over the data in ``fit``; ``partial_fit_passes`` (1) passes over each chunk.
-    ``max_steps`` (None)
-        Cap on the steps of one call.
-    ``nu`` (None)
-        The paper's regulariser; None uses ``noise / n_seen`` (= ``problem.lam`` in ``fit``).
-    ``theta`` (None)
-        Step-size constant; None gives ``theta = 1 / nu`` (``theta nu = 1``, admissible in Thm. 4).
-    ``t0`` ("auto")
-        Clock offset in ``gamma_t = theta / (t + t0)``; "auto" gives ``max(0, theta / gamma_max - 1)``.
-    ``gamma_max`` ("auto")
-        First step for "auto" t0: ``min(1 / (lambda_1 + s / m), r m / (n s))`` with ``lambda_1`` the
-        top eigenvalue of ``K(X_q, X_q) / q`` on q <= 512 random points and s = k(x, x) (not in the
-        paper; see :meth:`_gamma_max` and docs/solvers/dsg.md).
-    ``seed`` (None)
-        Model seed for the random features; None draws one from ``problem.generator``.
+    ``t0`` / ``gamma_max`` ("auto")
+        ``gamma_t = theta / (t + t0)``; "auto" t0 is ``max(0, theta / gamma_max - 1)``, so that the
+        first step is ``gamma_max``; "auto" gamma_max is ``min(1 / (lambda_1 + s / m), r m / (n s))``
+        (not in the paper; see :meth:`_gamma_max`).
     ``train_predictions`` ("auto")
         How f_t(x_j) is evaluated: "recompute" (Algorithm 1 as printed: regenerate all earlier
         features for the batch, O(t r d m) per step), "cache" (keep f_t on the training points up to
         date, O(n r d) per step; identical values), "auto" (the cheaper of the two for this call).
-    ``report_every`` (None)
-        Steps between ``monitor.step`` reports; None reports once per pass.
     """
 
-    option_defaults: dict[str, Any] = {
-        "features_per_step": 64,
-        "batch_size": 256,
-        "passes": 10,
-        "partial_fit_passes": 1,
-        "max_steps": None,
-        "nu": None,
-        "theta": None,
-        "t0": "auto",
-        "gamma_max": "auto",
-        "seed": None,
-        "train_predictions": "auto",
-        "report_every": None,
+    option_defaults: dict[str, Option] = {
+        "features_per_step": Option.integer(
+            64, minimum=1, help="r, random features drawn per step (one seed per step)"
+        ),
+        "batch_size": Option.integer(
+            256, minimum=1, help="m, data points per step (without replacement within a pass; capped at n)"
+        ),
+        "passes": Option.integer(10, minimum=1, help="passes over the data in fit"),
+        "partial_fit_passes": Option.integer(1, minimum=1, help="passes over each chunk in partial_fit"),
+        "max_steps": Option.integer(
+            None, minimum=1, allow_none=True, help="cap on the steps of one call; None: no cap"
+        ),
+        "nu": Option.number(
+            None, **_POSITIVE_OR_NONE, help="the paper's regulariser nu; None: noise / n_seen (= problem.lam in fit)"
+        ),
+        "theta": Option.number(
+            None, **_POSITIVE_OR_NONE, help="step-size constant in gamma_t = theta / (t + t0); None: 1 / nu (Thm. 4)"
+        ),
+        "t0": Option.number(
+            "auto",
+            minimum=0.0,
+            keywords=("auto",),
+            help="clock offset in gamma_t = theta / (t + t0); 'auto': first step gamma_max; 0: the paper's schedule",
+        ),
+        "gamma_max": Option.number(
+            "auto",
+            minimum=0.0,
+            exclusive_minimum=True,
+            keywords=("auto",),
+            help="first step for the 'auto' t0; 'auto': min(1 / (lambda_1 + s / m), r m / (n s))",
+        ),
+        "seed": Option.integer(
+            None, minimum=0, allow_none=True, help="model seed of the random features; None: from random_state"
+        ),
+        "train_predictions": Option.choice(
+            "auto",
+            ("auto", "cache", "recompute"),
+            help="how f_t(x_j) is evaluated: cache f_t on X, recompute from seeds, or the cheaper (auto)",
+        ),
+        "report_every": Option.integer(
+            None, minimum=1, allow_none=True, help="steps between monitor reports; None: once per pass"
+        ),
     }
     uses_centers = False
 
     def fit(self, problem: Problem) -> RandomFeatureExpansion:
         """Run Algorithm 1 for ``passes`` passes (or ``max_steps`` steps) over ``problem.X``."""
-        return self._run(problem, None, self._options(problem)["passes"])
+        opts = merge_options(_OWNER, self.option_defaults, problem.options)
+        return self._run(problem, None, opts, opts["passes"])
 
     def partial_fit(self, problem: Problem, previous: RandomFeatureExpansion | None) -> RandomFeatureExpansion:
         """Continue from ``previous`` on a new chunk: the step counter, the seed and the schedule carry over.
@@ -138,34 +133,10 @@ class DSGSolver:
         """
         if previous is not None and not isinstance(previous, RandomFeatureExpansion):
             raise TypeError(f"previous: expected a RandomFeatureExpansion or None, got {type(previous).__name__}")
-        return self._run(problem, previous, self._options(problem)["partial_fit_passes"])
+        opts = merge_options(_OWNER, self.option_defaults, problem.options)
+        return self._run(problem, previous, opts, opts["partial_fit_passes"])
 
     # ------------------------------------------------------------------------------------------ internals
-    def _options(self, problem: Problem) -> dict[str, Any]:
-        o = problem.options
-        opts = {
-            "features_per_step": _check_int(o, "features_per_step"),
-            "batch_size": _check_int(o, "batch_size"),
-            "passes": _check_int(o, "passes"),
-            "partial_fit_passes": _check_int(o, "partial_fit_passes"),
-            "max_steps": _check_int(o, "max_steps", allow_none=True),
-            "nu": _check_float(o, "nu"),
-            "theta": _check_float(o, "theta"),
-            "t0": _check_float(o, "t0", auto="auto", zero_ok=True),
-            "gamma_max": _check_float(o, "gamma_max", auto="auto"),
-            "seed": _check_int(o, "seed", allow_none=True, minimum=0),
-            "report_every": _check_int(o, "report_every", allow_none=True),
-        }
-        mode = o["train_predictions"]
-        if mode not in ("auto", "cache", "recompute"):
-            raise ValueError(
-                f"solver 'dsg' option train_predictions: expected 'auto', 'cache' or 'recompute', got {mode!r}"
-            )
-        opts["train_predictions"] = mode
-        if not problem.X.is_floating_point():
-            raise TypeError(f"X: expected a floating-point tensor, got {problem.X.dtype}")
-        return opts
-
     def _gamma_max(self, problem: Problem, sampler: SpectralSampler, m: int, r: int) -> float:
         """``min(1 / (lambda_1 + s / m), r m / (n s))``: a stable constant step for m points and r features.
 
@@ -186,18 +157,21 @@ class DSGSolver:
         s = sampler.outputscale
         return min(1.0 / (lam1 + s / m), r * m / (n * s))
 
-    def _run(self, problem: Problem, previous: RandomFeatureExpansion | None, passes: int) -> RandomFeatureExpansion:
-        opts = self._options(problem)
+    def _run(
+        self, problem: Problem, previous: RandomFeatureExpansion | None, opts: Mapping[str, Any], passes: int
+    ) -> RandomFeatureExpansion:
         X, Y = problem.X, problem.y
+        if not X.is_floating_point():
+            raise TypeError(f"X: expected a floating-point tensor, got {X.dtype}")
         n, k = problem.n, problem.n_outputs
         sampler = spectral_sampler(problem.kernel)
         r = opts["features_per_step"]
         m = min(opts["batch_size"], n)
         if previous is not None:
             if previous.features_per_step != r:
-                raise ValueError(
-                    f"solver 'dsg' option features_per_step={r} differs from the {previous.features_per_step} "
-                    "features per step of the model being continued"
+                raise InvalidOptionError(
+                    f"{_OWNER} option 'features_per_step': expected {previous.features_per_step} (the features per "
+                    f"step of the model being continued), got {r!r}"
                 )
             if previous.coef.shape[2] != k:
                 raise ValueError(f"y: expected {previous.coef.shape[2]} outputs like the previous chunks, got {k}")
@@ -205,19 +179,19 @@ class DSGSolver:
             t_prev = previous.n_steps
             sched = dict(previous.schedule)
             n_seen = int(sched.get("n_seen", 0)) + n
-            gamma_max = opts["gamma_max"] or sched.get("gamma_max")
+            gamma_max = sched.get("gamma_max") if opts["gamma_max"] == "auto" else opts["gamma_max"]
         else:
             seed = opts["seed"]
             if seed is None:
                 seed = int(torch.randint(0, 2**62, (1,), generator=problem.generator))
             t_prev = 0
             n_seen = n
-            gamma_max = opts["gamma_max"]
+            gamma_max = None if opts["gamma_max"] == "auto" else opts["gamma_max"]
         if gamma_max is None:
             gamma_max = self._gamma_max(problem, sampler, m, r)
         nu = opts["nu"] if opts["nu"] is not None else problem.noise / n_seen
         theta = opts["theta"] if opts["theta"] is not None else 1.0 / nu
-        t0 = opts["t0"] if opts["t0"] is not None else max(0.0, theta / gamma_max - 1.0)
+        t0 = max(0.0, theta / gamma_max - 1.0) if opts["t0"] == "auto" else opts["t0"]
         schedule = {"nu": nu, "theta": theta, "t0": t0, "gamma_max": gamma_max, "n_seen": n_seen}
 
         steps_per_pass = math.ceil(n / m)
