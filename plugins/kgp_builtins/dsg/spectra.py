@@ -15,7 +15,7 @@ import gpytorch
 import torch
 from torch import Tensor
 
-from kgp.kernels import recipe_for
+from kgp.kernels import kernel_parameters
 
 __all__ = ["SpectralSampler", "spectral_sampler", "step_seed"]
 
@@ -103,12 +103,11 @@ def spectral_sampler(kernel: gpytorch.kernels.Kernel) -> SpectralSampler:
         For a kernel without a spectral sampler (not shift-invariant, other Matern nu, ``active_dims``,
         batch shapes, sums / products), naming the kernel.
     """
-    recipe, hypers = recipe_for(kernel)
-    if recipe.family not in ("rbf", *_MATERN_DOF):
+    params = kernel_parameters(kernel)
+    if params.family not in ("rbf", *_MATERN_DOF):
         raise ValueError(
             f"solver 'dsg': kernel {type(kernel).__name__} has no spectral sampler; random features are "
             "implemented for RBFKernel (incl. ARD) and MaternKernel(nu=0.5, 1.5, 2.5), optionally wrapped in "
             "one ScaleKernel, without active_dims or batch shapes"
         )
-    lengthscale, scale = recipe.split(hypers)
-    return SpectralSampler(recipe.family, lengthscale, 1.0 if scale is None else float(scale.detach().reshape(())))
+    return SpectralSampler(params.family, params.shape, params.outputscale)
