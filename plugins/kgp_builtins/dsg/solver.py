@@ -45,6 +45,7 @@ from typing import Any
 
 import torch
 
+from kgp.linalg import largest_eigenvalue
 from kgp.options import InvalidOptionError, Option
 from kgp.plugin import Problem, merge_options
 
@@ -142,18 +143,19 @@ class DSGSolver:
 
         The first term keeps one step stable on the smooth part of the error: ``lambda_1`` (top
         eigenvalue of the covariance operator, estimated by ``K(X_q, X_q) / q`` on q <= 512 random
-        points) plus the ``s / m`` of an m-point average (s = k(x, x)). The second keeps the random-
-        feature noise in check: a step adds ``gamma^2 s^2 / (r m)`` times the mean squared residual to
-        the squared error at every point, while each point's own residual is only pulled back, by
-        ``gamma s / m``, when it is in the batch, once per pass of ``n / m`` steps. See
-        docs/solvers/dsg.md for the measurements behind this choice (it is not in the paper).
+        points with :func:`kgp.linalg.largest_eigenvalue`) plus the ``s / m`` of an m-point average
+        (s = k(x, x)). The second keeps the random-feature noise in check: a step adds
+        ``gamma^2 s^2 / (r m)`` times the mean squared residual to the squared error at every point,
+        while each point's own residual is only pulled back, by ``gamma s / m``, when it is in the
+        batch, once per pass of ``n / m`` steps. See docs/solvers/dsg.md for the measurements behind
+        this choice (it is not in the paper).
         """
         n = problem.n
         q = min(n, 512)
         idx = torch.randperm(n, generator=problem.generator)[:q].to(problem.device)
         with torch.no_grad():
             K = problem.kernel_operator(problem.X[idx]).to_dense().to(torch.float64)
-            lam1 = float(torch.linalg.eigvalsh(K)[-1]) / q
+            lam1 = largest_eigenvalue(K) / q
         s = sampler.outputscale
         return min(1.0 / (lam1 + s / m), r * m / (n * s))
 
