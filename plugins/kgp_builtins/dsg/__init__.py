@@ -7,6 +7,8 @@ Algorithm 2), :mod:`.solver` (Algorithm 1 and its step-size rule). See docs/solv
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import kgp
 
 from .features import RandomFeatureExpansion, RandomFeatureMap
@@ -24,10 +26,10 @@ __all__ = [
 
 
 @kgp.hookimpl
-def register_solvers(register) -> None:
+def register_solvers(register: Callable[[str, DSGSolver], None]) -> None:
     register("dsg", DSGSolver())
 
 
 @kgp.hookimpl
-def register_predictors(register) -> None:
+def register_predictors(register: Callable[[str, type[RandomFeatureExpansion]], None]) -> None:
     register(RandomFeatureExpansion.kind, RandomFeatureExpansion)

@@ -225,7 +225,8 @@ class RandomFeatureExpansion:
     def from_state(cls, state: Mapping[str, Any], kernel: gpytorch.kernels.Kernel) -> RandomFeatureExpansion:
         return cls(kernel, state["coef"], int(state["seed"]), state.get("schedule"))
 
-    def to(self, device=None, dtype=None) -> RandomFeatureExpansion:
+    def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> RandomFeatureExpansion:
+        """A copy with the coefficients on ``device`` / in ``dtype``, with the same seed and schedule."""
         return RandomFeatureExpansion(self.kernel, self.coef.to(device=device, dtype=dtype), self.seed, self.schedule)
 
     def __repr__(self) -> str:

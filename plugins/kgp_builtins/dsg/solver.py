@@ -25,8 +25,9 @@ so step t appends the coefficient block ``a_t = -gamma_t (1/m) Phi_t(X_B)^T (f_t
 scale (``a_i = S c_i``), so a step costs O(1) for it instead of O(t) (digest section 3.3).
 
 Random features are regenerated from per-step seeds at train and predict time (``omega_t, b_t``
-come from a ``torch.Generator`` seeded with ``seed_t = mix(seed, t)``); the fitted model stores only
-the ``t x r x k`` coefficients and one integer seed: memory O(t r k), independent of d.
+come from a ``torch.Generator`` seeded with ``step_seed(seed, t)``, :mod:`.spectra`); the fitted
+model stores only the ``t x r x k`` coefficients and one integer seed: memory O(t r k), independent
+of d.
 
 Step size ``gamma_t = theta / (t + t0)`` (Thm. 4 uses ``theta / t`` with ``theta nu`` in (1, 2) or a
 positive integer). Default ``theta = 1 / nu`` (``theta nu = 1``). With ``nu = sigma^2 / n`` tiny,
