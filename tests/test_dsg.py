@@ -6,6 +6,7 @@ solver on a real UCI set.
 """
 
 import math
+from pathlib import Path
 
 import gpytorch
 import numpy as np
@@ -13,6 +14,7 @@ import pytest
 import torch
 from conftest import load_uci
 from kgp_builtins.dsg import (
+    DSGSolver,
     RandomFeatureExpansion,
     RandomFeatureMap,
     SpectralSampler,
@@ -22,6 +24,7 @@ from kgp_builtins.dsg import (
 from linear_operator.operators import LinearOperator
 
 import kgp
+from kgp.options import InvalidOptionError, describe_options
 from kgp.testing import OracleSpec, SolverConformance
 
 F64 = torch.float64
@@ -379,7 +382,7 @@ def test_partial_fit_refuses_a_different_number_of_features():
     model = kgp.KernelRegressor("rbf", noise=0.05, solver="dsg", solver_options=dict(features_per_step=8))
     model.partial_fit(X, y)
     model.solver_options = dict(features_per_step=16)
-    with pytest.raises(ValueError, match="features_per_step"):
+    with pytest.raises(InvalidOptionError, match="option 'features_per_step': expected 8 .*, got 16"):
         model.partial_fit(X, y)
 
 
@@ -408,8 +411,16 @@ def test_bad_options_are_named():
         ({"train_predictions": "maybe"}, "train_predictions"),
         ({"features_per_step": 2.5}, "features_per_step"),
     ]:
-        with pytest.raises(ValueError, match=name):
+        with pytest.raises(InvalidOptionError, match=f"solver 'dsg' option '{name}': expected "):
             kgp.KernelRegressor("rbf", solver="dsg", solver_options=bad).fit(X, y)
+
+
+def test_docs_options_table_matches_the_declarations():
+    """docs/solvers/dsg.md lists every declared option with its default and what it accepts."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "solvers" / "dsg.md").read_text()
+    for name, default, expected, help_line in describe_options(DSGSolver.option_defaults):
+        assert help_line, name
+        assert f"| `{name}` | {default} | {expected} |" in text, name
 
 
 class TestDSGConformance(SolverConformance):
