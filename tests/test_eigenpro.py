@@ -7,10 +7,11 @@ Oracles: Lemma 6's fixed point of Algorithm 1, dense least squares / Nystrom rid
 import numpy as np
 import pytest
 import torch
-from kgp_builtins.eigenpro import EIGENPRO3_DEFAULTS
+from kgp_builtins.eigenpro import EIGENPRO2_DEFAULTS, EIGENPRO3_DEFAULTS
 from kgp_builtins.oracles import eigenpro_exact_projection, lemma6_fixed_point
 
 import kgp
+from kgp.options import InvalidOptionError, option_default
 
 
 def _problem(n=200, d=2, p=10, seed=0, center_scale=1.0):
@@ -360,26 +361,56 @@ def test_eigenpro2_projection_path_runs_and_converges():
 @pytest.mark.parametrize(
     "options,match",
     [
-        ({"epochs": 0}, "epochs"),
-        ({"q": -1}, "'q'"),
-        ({"q": 300}, "'q'"),
-        ({"subsample_size": 10_000}, "subsample_size"),
-        ({"regularization": "l1"}, "regularization"),
-        ({"correction": "both"}, "correction"),
-        ({"projection": "lu"}, "projection"),
-        ({"lr_scale": 0}, "lr_scale"),
-        ({"batch_size": 2.5}, "batch_size"),
+        ({"epochs": 0}, "option 'epochs': expected an integer >= 1, got 0"),
+        ({"q": -1}, "option 'q': expected an integer >= 0 or None, got -1"),
+        ({"q": 300}, "option 'q': expected an integer < subsample_size=200 or None, got 300"),
+        ({"subsample_size": 10_000}, r"option 'subsample_size': expected an integer <= 200 \(the number of training"),
+        ({"regularization": "l1"}, "option 'regularization': expected one of 'ridge', 'none', got 'l1'"),
+        ({"correction": "both"}, "option 'correction': expected one of 'projected', 'paper', got 'both'"),
+        ({"projection": "lu"}, "option 'projection': expected one of 'auto', 'cholesky', 'eigenpro2', got 'lu'"),
+        ({"lr_scale": 0}, "option 'lr_scale': expected a finite number > 0, got 0"),
+        ({"batch_size": 2.5}, "option 'batch_size': expected an integer >= 1 or None, got 2.5"),
+        ({"average_epochs": 11}, "option 'average_epochs': expected an integer <= epochs=10, got 11"),
+        (
+            {"projection": "eigenpro2", "projection_subsample_size": 20},
+            r"option 'projection_subsample_size': expected an integer <= 10 \(the number of centers",
+        ),
         ({"bogus": 1}, "bogus"),
     ],
 )
 def test_bad_options_raise_value_error(options, match):
     X, Z, y = _problem()
-    with pytest.raises(ValueError, match=match):
+    error = ValueError if "bogus" in options else InvalidOptionError
+    with pytest.raises(error, match="solver 'eigenpro' " + match if "bogus" not in options else match):
         _fit(X, y, Z, _kernel(), **options)
+
+
+@pytest.mark.parametrize(
+    "options,match",
+    [
+        ({"q": 150}, "option 'q': expected an integer < subsample_size=100 or None, got 150"),
+        ({"average_epochs": 3, "epochs": 2}, "option 'average_epochs': expected an integer <= epochs=2, got 3"),
+        ({"correction": "paper"}, "unknown option"),
+    ],
+)
+def test_eigenpro2_bad_options(options, match):
+    X, _, y = _problem()
+    with pytest.raises(ValueError, match=match):
+        _fit(X, y, None, _kernel(), solver="eigenpro2", subsample_size=100, **options)
 
 
 def test_option_defaults_documented_and_registered():
     assert set(EIGENPRO3_DEFAULTS) >= {"epochs", "batch_size", "subsample_size", "q", "regularization", "tol"}
+    assert set(EIGENPRO2_DEFAULTS) == set(EIGENPRO3_DEFAULTS) - {
+        "correction",
+        "projection",
+        "projection_epochs",
+        "projection_subsample_size",
+        "projection_q",
+    }
+    for declaration in {**EIGENPRO3_DEFAULTS, **EIGENPRO2_DEFAULTS}.values():
+        assert isinstance(declaration, kgp.Option) and declaration.help
+    assert option_default(EIGENPRO3_DEFAULTS["epochs"]) == 10
     assert kgp.get_solver("eigenpro").uses_centers is True
     assert kgp.get_solver("eigenpro2").uses_centers is False
 

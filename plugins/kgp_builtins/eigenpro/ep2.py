@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from kgp.options import Option
 from kgp.plugin import KernelExpansion, Problem, merge_options
 
 from .iterates import TailAverage, check_finite, checked_targets
@@ -26,7 +27,7 @@ from .nystrom import (
     heldout_top_eigenvalue,
     nystrom_preconditioner,
 )
-from .options import EIGENPRO2_DEFAULTS, _check_common, _resolve_sq
+from .options import EIGENPRO2_DEFAULTS, resolve_average_epochs, resolve_subsample
 
 __all__ = ["EP2State", "EigenPro2Solver", "ep2_epoch", "ep2_setup"]
 
@@ -109,19 +110,21 @@ class EigenPro2Solver:
 
     This is EigenPro 3.0 with Z = X, where the projection is the identity (EigenPro 3 Sec. 4.2).
     ``regularization="ridge"`` solves ``(K + sigma^2 I) alpha = y`` (the GP posterior mean) by the
-    diagonal shift (kernel ``K + sigma^2 delta``); ``"none"`` solves ``K alpha = y``.
+    diagonal shift (kernel ``K + sigma^2 delta``); ``"none"`` solves ``K alpha = y``. Options:
+    :data:`~kgp_builtins.eigenpro.options.EIGENPRO2_DEFAULTS` (``kgp plugins --options eigenpro2``).
     """
 
-    option_defaults: dict = EIGENPRO2_DEFAULTS
+    option_defaults: dict[str, Option] = EIGENPRO2_DEFAULTS
     uses_centers = False
     name = "eigenpro2"
 
     def fit(self, problem: Problem) -> KernelExpansion:
-        opts = merge_options(f"solver {self.name!r}", self.option_defaults, problem.options)
-        _check_common(opts)
+        owner = f"solver {self.name!r}"
+        opts = merge_options(owner, self.option_defaults, problem.options)
+        average_epochs = resolve_average_epochs(owner, opts)
         X, y = problem.X, checked_targets(problem)
         n = X.shape[0]
-        s, q = _resolve_sq(n, opts["subsample_size"], opts["q"], "subsample_size", "q")
+        s, q = resolve_subsample(owner, n, opts["subsample_size"], opts["q"])
         shift = float(problem.noise) if opts["regularization"] == "ridge" else 0.0
         gen = problem.generator
         kop = problem.kernel_operator
@@ -134,7 +137,7 @@ class EigenPro2Solver:
             alpha = torch.zeros(n, y.shape[1], dtype=X.dtype, device=X.device)
             y_scale = float(y.pow(2).mean()) or 1.0
             average = TailAverage(alpha)
-            first_avg = opts["epochs"] - opts["average_epochs"] + 1
+            first_avg = opts["epochs"] - average_epochs + 1
             for epoch in range(1, opts["epochs"] + 1):
                 t1 = time.perf_counter()
                 train_mse = ep2_epoch(kop, state, alpha, y, gen, average if epoch >= first_avg else None)

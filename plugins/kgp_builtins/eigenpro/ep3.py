@@ -25,11 +25,12 @@ import torch
 from torch import Tensor
 
 from kgp import settings
+from kgp.options import Option
 from kgp.plugin import KernelExpansion, Problem, merge_options
 
 from .iterates import TailAverage, check_finite, checked_targets
 from .nystrom import KernelOpFactory, critical_batch_and_step, nystrom_preconditioner, symmetric_top_eigenvalue
-from .options import EIGENPRO3_DEFAULTS, _check_ep3, _resolve_sq
+from .options import EIGENPRO3_DEFAULTS, resolve_average_epochs, resolve_subsample
 from .projection import CholeskyProjection, EigenPro2Projection
 
 __all__ = ["EigenPro3Solver"]
@@ -50,19 +51,18 @@ def _batch_residual_gradient(kop: KernelOpFactory, Xb: Tensor, Z: Tensor, alpha:
 class EigenPro3Solver:
     """EigenPro 3.0 (Algorithm 2): projected preconditioned SGD with centers decoupled from the data.
 
-    Options (``option_defaults``; see docs/solvers/eigenpro.md for their sources):
-
-    epochs, batch_size, subsample_size (s), q, regularization, tol, lr_scale, correction,
-    projection, projection_epochs, projection_subsample_size, projection_q.
+    Options: :data:`~kgp_builtins.eigenpro.options.EIGENPRO3_DEFAULTS` (``kgp plugins --options eigenpro``;
+    their sources in docs/solvers/eigenpro.md).
     """
 
-    option_defaults: dict = EIGENPRO3_DEFAULTS
+    option_defaults: dict[str, Option] = EIGENPRO3_DEFAULTS
     uses_centers = True
     name = "eigenpro"
 
     def fit(self, problem: Problem) -> KernelExpansion:
-        opts = merge_options(f"solver {self.name!r}", self.option_defaults, problem.options)
-        _check_ep3(opts)
+        owner = f"solver {self.name!r}"
+        opts = merge_options(owner, self.option_defaults, problem.options)
+        average_epochs = resolve_average_epochs(owner, opts)
         if problem.centers is None:
             raise ValueError("solver 'eigenpro' needs centers (problem.centers is None)")
         Z = problem.centers.points
@@ -71,15 +71,21 @@ class EigenPro3Solver:
         Z = Z.to(device=problem.device, dtype=problem.dtype)
         X, y = problem.X, checked_targets(problem)
         n, p = X.shape[0], Z.shape[0]
-        s, q = _resolve_sq(n, opts["subsample_size"], opts["q"], "subsample_size", "q")
+        s, q = resolve_subsample(owner, n, opts["subsample_size"], opts["q"])
         projection = opts["projection"]
         if projection == "auto":
             fits = p * p * Z.element_size() <= settings.memory_budget.value()
             projection = "cholesky" if fits else "eigenpro2"
         s2, q2 = (None, None)
         if projection == "eigenpro2":
-            s2, q2 = _resolve_sq(
-                p, opts["projection_subsample_size"], opts["projection_q"], "projection_subsample_size", "projection_q"
+            s2, q2 = resolve_subsample(
+                owner,
+                p,
+                opts["projection_subsample_size"],
+                opts["projection_q"],
+                s_name="projection_subsample_size",
+                q_name="projection_q",
+                points="centers",
             )
         sigma2 = float(problem.noise) if opts["regularization"] == "ridge" else 0.0
         gen = problem.generator
@@ -106,7 +112,7 @@ class EigenPro3Solver:
             alpha = torch.zeros(p, y.shape[1], dtype=X.dtype, device=X.device)
             y_scale = float(y.pow(2).mean()) or 1.0
             average = TailAverage(alpha)
-            first_avg = opts["epochs"] - opts["average_epochs"] + 1
+            first_avg = opts["epochs"] - average_epochs + 1
             for epoch in range(1, opts["epochs"] + 1):
                 times = {"gradient": 0.0, "correction": 0.0, "projection": 0.0}
                 perm = torch.randperm(n, generator=gen).to(X.device)
