@@ -11,6 +11,7 @@ from kgp_builtins.eigenpro import EIGENPRO2_DEFAULTS, EIGENPRO3_DEFAULTS
 from kgp_builtins.oracles import eigenpro_exact_projection, lemma6_fixed_point
 
 import kgp
+from kgp.linalg import NotPSDError
 from kgp.options import InvalidOptionError, option_default
 
 
@@ -397,6 +398,21 @@ def test_eigenpro2_bad_options(options, match):
     X, _, y = _problem()
     with pytest.raises(ValueError, match=match):
         _fit(X, y, None, _kernel(), solver="eigenpro2", subsample_size=100, **options)
+
+
+def test_divergence_raises_floating_point_error():
+    X, Z, y = _problem()
+    with pytest.raises(FloatingPointError, match="eigenpro: the iteration diverged at epoch .*lr_scale"):
+        _fit(X, y, Z, _kernel(), lr_scale=1e3, epochs=50)
+
+
+def test_not_factorisable_centers_raise_not_psd_error():
+    """Called directly (no model validation): non-finite centers make K(Z, Z) unfactorisable at every jitter."""
+    X, Z, y = _problem()
+    Z[0, 0] = float("nan")
+    problem = kgp.Problem(X, y, _kernel(), 0.05, centers=Z, options={"projection": "cholesky"})
+    with pytest.raises(NotPSDError, match=r"K\(Z, Z\) \+ 2.2e-03 I of the eigenpro centers .* are centers duplicated"):
+        kgp.get_solver("eigenpro").fit(problem)
 
 
 def test_option_defaults_documented_and_registered():

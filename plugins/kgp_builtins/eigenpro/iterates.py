@@ -39,8 +39,9 @@ def checked_targets(problem: Problem) -> Tensor:
 
 
 def check_finite(alpha: Tensor, epoch: int, name: str) -> None:
+    """Raise ``FloatingPointError`` (as kgp's other iterative solvers do on divergence) on a non-finite iterate."""
     if not bool(torch.isfinite(alpha).all()):
-        raise RuntimeError(
+        raise FloatingPointError(
             f"{name}: the iteration diverged at epoch {epoch}; lower solver_options['lr_scale'] "
             "or increase 'subsample_size' (better eigenvalue estimates)"
         )

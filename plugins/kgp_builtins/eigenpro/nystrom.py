@@ -21,6 +21,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from kgp.linalg import largest_eigenvalue
+
 __all__ = [
     "KernelOpFactory",
     "NystromPreconditioner",
@@ -134,15 +136,18 @@ def heldout_top_eigenvalue(
 
 
 def symmetric_top_eigenvalue(M: Tensor) -> float:
-    """Largest eigenvalue of a symmetric PSD matrix (LOBPCG: only the top one is needed)."""
-    M = 0.5 * (M + M.T)
-    if M.shape[0] < 12:
-        return float(torch.linalg.eigvalsh(M)[-1])
-    x0 = torch.ones(M.shape[0], 1, dtype=M.dtype, device=M.device) + 0.1 * torch.linspace(
-        -1, 1, M.shape[0], dtype=M.dtype, device=M.device
-    ).unsqueeze(-1)
-    evals, _ = torch.lobpcg(M, k=1, X=x0, largest=True, niter=200, tol=1e-6)
-    return float(evals[0])
+    """Largest eigenvalue of a symmetric PSD matrix, by :func:`kgp.linalg.largest_eigenvalue`.
+
+    The matrices met here are preconditioned: their top q eigenvalues are flattened towards
+    lambda_{q+1}, a cluster on which subspace iteration with the default 8 columns crawls and its
+    relative-change stop fires early (measured on the test suite's problems: up to 7e-4 below
+    ``eigvalsh``, 9e-5 even with rtol 1e-10 and 500 steps). 32 columns and rtol 1e-9 came within
+    1.3e-9 of ``eigvalsh`` there and within 1.2e-10 at s = 2000, q = 200 on letter (Laplacian and
+    Gaussian), in 0.2-0.7 s against 0.15-0.5 s for the LOBPCG used before and 0.8-4 s for ``eigvalsh``.
+    A cluster wider than the block stays unresolved, but the Ritz value lands inside it, so the error is
+    at most the cluster's width: with s = n = 768, q = 76 (UCI energy) 3e-4 below ``eigvalsh``.
+    """
+    return largest_eigenvalue(0.5 * (M + M.T), rtol=1e-9, block=32)
 
 
 def critical_batch_and_step(beta: float, lam_top: float, n: int, batch_size: int | None) -> tuple[int, Callable]:

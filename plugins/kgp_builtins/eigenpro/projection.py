@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from kgp.linalg import NotPSDError, psd_cholesky
+
 from .ep2 import ep2_epoch, ep2_setup
 from .nystrom import KernelOpFactory
 
@@ -23,24 +25,38 @@ __all__ = ["CholeskyProjection", "EigenPro2Projection"]
 
 
 class CholeskyProjection:
-    """Exact ``K(Z, Z)^{-1} h`` (Cholesky with the smallest jitter that factorises)."""
+    """Exact ``K(Z, Z)^{-1} h`` by the Cholesky factor of ``K(Z, Z) + jitter I``.
+
+    ``jitter`` is the smallest of ``10^k eps max_i K_ii`` (k = 1, 2, ...) that factorises, at most
+    ``1e-2 max_i K_ii``; beyond that :class:`kgp.linalg.NotPSDError` (duplicated centers). The jitter
+    is kept: :meth:`solve_ridge` removes it from the ridge term exactly.
+    """
 
     kind = "cholesky"
 
     def __init__(self, kop: KernelOpFactory, Z: Tensor):
         K = kop(Z, Z).to_dense()
         scale = float(K.diagonal().max())
-        eps = torch.finfo(Z.dtype).eps
-        jitter = 10 * eps * scale
+        # Always some jitter, from 10 eps up, instead of psd_cholesky's plain first try: the one-jitter
+        # loop below keeps the schedule (and results) of the hand-written factorisation it replaced,
+        # and tells solve_ridge which jitter was added.
+        jitter = 10 * torch.finfo(Z.dtype).eps * scale
         while True:
             A = K.clone()
             A.diagonal().add_(jitter)
-            L, info = torch.linalg.cholesky_ex(A)
-            if int(info) == 0:
+            last = jitter * 10 > 1e-2 * scale
+            try:
+                L = psd_cholesky(
+                    A,
+                    max_tries=0,
+                    what=f"K(Z, Z) + {jitter:.1e} I of the eigenpro centers",
+                    remedy="are centers duplicated (or not finite)? Remove them",
+                )
                 break
+            except NotPSDError:
+                if last:
+                    raise
             jitter *= 10
-            if jitter > 1e-2 * scale:
-                raise ValueError("eigenpro: K(Z, Z) is not positive definite even with jitter; are centers duplicated?")
         self.L = L
         self.jitter = jitter
 
