@@ -4,6 +4,9 @@ Oracles: Lemma 6's fixed point of Algorithm 1, dense least squares / Nystrom rid
 (K_ZX K_XZ + sigma^2 K_ZZ) a = K_ZX y and K^{-1} y computed here in float64, and real-data error rates.
 """
 
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -429,6 +432,21 @@ def test_option_defaults_documented_and_registered():
     assert option_default(EIGENPRO3_DEFAULTS["epochs"]) == 10
     assert kgp.get_solver("eigenpro").uses_centers is True
     assert kgp.get_solver("eigenpro2").uses_centers is False
+
+
+def test_docs_options_table_matches_declarations():
+    """docs/solvers/eigenpro.md lists every declared option with its default and what it accepts."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "solvers" / "eigenpro.md").read_text()
+    rows = {}
+    for line in page.splitlines():
+        match = re.match(r"\| `(\w+)`[^|]*\| `([^`]*)` \| ([^|]*) \|", line)
+        if match:
+            rows[match[1]] = (match[2], match[3].strip())
+    assert set(rows) == set(EIGENPRO3_DEFAULTS)
+    for name, declaration in EIGENPRO3_DEFAULTS.items():
+        default, accepts = rows[name]
+        assert default == repr(declaration.default), name
+        assert accepts.startswith(declaration.expected), name
 
 
 def test_default_selector_centers_and_classifier_targets():
