@@ -4,13 +4,18 @@ Oracles: Lemma 6's fixed point of Algorithm 1, dense least squares / Nystrom rid
 (K_ZX K_XZ + sigma^2 K_ZZ) a = K_ZX y and K^{-1} y computed here in float64, and real-data error rates.
 """
 
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
-from kgp_builtins.eigenpro import EIGENPRO3_DEFAULTS
+from kgp_builtins.eigenpro import EIGENPRO2_DEFAULTS, EIGENPRO3_DEFAULTS
 from kgp_builtins.oracles import eigenpro_exact_projection, lemma6_fixed_point
 
 import kgp
+from kgp.linalg import NotPSDError
+from kgp.options import InvalidOptionError, option_default
 
 
 def _problem(n=200, d=2, p=10, seed=0, center_scale=1.0):
@@ -360,28 +365,88 @@ def test_eigenpro2_projection_path_runs_and_converges():
 @pytest.mark.parametrize(
     "options,match",
     [
-        ({"epochs": 0}, "epochs"),
-        ({"q": -1}, "'q'"),
-        ({"q": 300}, "'q'"),
-        ({"subsample_size": 10_000}, "subsample_size"),
-        ({"regularization": "l1"}, "regularization"),
-        ({"correction": "both"}, "correction"),
-        ({"projection": "lu"}, "projection"),
-        ({"lr_scale": 0}, "lr_scale"),
-        ({"batch_size": 2.5}, "batch_size"),
+        ({"epochs": 0}, "option 'epochs': expected an integer >= 1, got 0"),
+        ({"q": -1}, "option 'q': expected an integer >= 0 or None, got -1"),
+        ({"q": 300}, "option 'q': expected an integer < subsample_size=200 or None, got 300"),
+        ({"subsample_size": 10_000}, r"option 'subsample_size': expected an integer <= 200 \(the number of training"),
+        ({"regularization": "l1"}, "option 'regularization': expected one of 'ridge', 'none', got 'l1'"),
+        ({"correction": "both"}, "option 'correction': expected one of 'projected', 'paper', got 'both'"),
+        ({"projection": "lu"}, "option 'projection': expected one of 'auto', 'cholesky', 'eigenpro2', got 'lu'"),
+        ({"lr_scale": 0}, "option 'lr_scale': expected a finite number > 0, got 0"),
+        ({"batch_size": 2.5}, "option 'batch_size': expected an integer >= 1 or None, got 2.5"),
+        ({"average_epochs": 11}, "option 'average_epochs': expected an integer <= epochs=10, got 11"),
+        (
+            {"projection": "eigenpro2", "projection_subsample_size": 20},
+            r"option 'projection_subsample_size': expected an integer <= 10 \(the number of centers",
+        ),
         ({"bogus": 1}, "bogus"),
     ],
 )
 def test_bad_options_raise_value_error(options, match):
     X, Z, y = _problem()
-    with pytest.raises(ValueError, match=match):
+    error = ValueError if "bogus" in options else InvalidOptionError
+    with pytest.raises(error, match="solver 'eigenpro' " + match if "bogus" not in options else match):
         _fit(X, y, Z, _kernel(), **options)
+
+
+@pytest.mark.parametrize(
+    "options,match",
+    [
+        ({"q": 150}, "option 'q': expected an integer < subsample_size=100 or None, got 150"),
+        ({"average_epochs": 3, "epochs": 2}, "option 'average_epochs': expected an integer <= epochs=2, got 3"),
+        ({"correction": "paper"}, "unknown option"),
+    ],
+)
+def test_eigenpro2_bad_options(options, match):
+    X, _, y = _problem()
+    with pytest.raises(ValueError, match=match):
+        _fit(X, y, None, _kernel(), solver="eigenpro2", subsample_size=100, **options)
+
+
+def test_divergence_raises_floating_point_error():
+    X, Z, y = _problem()
+    with pytest.raises(FloatingPointError, match="eigenpro: the iteration diverged at epoch .*lr_scale"):
+        _fit(X, y, Z, _kernel(), lr_scale=1e3, epochs=50)
+
+
+def test_not_factorisable_centers_raise_not_psd_error():
+    """Called directly (no model validation): non-finite centers make K(Z, Z) unfactorisable at every jitter."""
+    X, Z, y = _problem()
+    Z[0, 0] = float("nan")
+    problem = kgp.Problem(X, y, _kernel(), 0.05, centers=Z, options={"projection": "cholesky"})
+    with pytest.raises(NotPSDError, match=r"K\(Z, Z\) \+ 2.2e-03 I of the eigenpro centers .* are centers duplicated"):
+        kgp.get_solver("eigenpro").fit(problem)
 
 
 def test_option_defaults_documented_and_registered():
     assert set(EIGENPRO3_DEFAULTS) >= {"epochs", "batch_size", "subsample_size", "q", "regularization", "tol"}
+    assert set(EIGENPRO2_DEFAULTS) == set(EIGENPRO3_DEFAULTS) - {
+        "correction",
+        "projection",
+        "projection_epochs",
+        "projection_subsample_size",
+        "projection_q",
+    }
+    for declaration in {**EIGENPRO3_DEFAULTS, **EIGENPRO2_DEFAULTS}.values():
+        assert isinstance(declaration, kgp.Option) and declaration.help
+    assert option_default(EIGENPRO3_DEFAULTS["epochs"]) == 10
     assert kgp.get_solver("eigenpro").uses_centers is True
     assert kgp.get_solver("eigenpro2").uses_centers is False
+
+
+def test_docs_options_table_matches_declarations():
+    """docs/solvers/eigenpro.md lists every declared option with its default and what it accepts."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "solvers" / "eigenpro.md").read_text()
+    rows = {}
+    for line in page.splitlines():
+        match = re.match(r"\| `(\w+)`[^|]*\| `([^`]*)` \| ([^|]*) \|", line)
+        if match:
+            rows[match[1]] = (match[2], match[3].strip())
+    assert set(rows) == set(EIGENPRO3_DEFAULTS)
+    for name, declaration in EIGENPRO3_DEFAULTS.items():
+        default, accepts = rows[name]
+        assert default == repr(declaration.default), name
+        assert accepts.startswith(declaration.expected), name
 
 
 def test_default_selector_centers_and_classifier_targets():

@@ -1,0 +1,158 @@
+r"""EigenPro 2.0 (Ma & Belkin 2019): preconditioned SGD with centers = the points, and solver ``eigenpro2``.
+
+:func:`ep2_epoch` is one epoch on ``(K(P, P) + shift I) theta = targets``; it serves the solver
+``eigenpro2`` (P = X, EigenPro 3 Sec. 4.2: Z = X makes the projection the identity) and the inexact
+projection of ``eigenpro`` (P = Z, EigenPro 3 eq. 32, with the "model" preconditioner).
+``regularization="ridge"`` solves ``(K + sigma^2 I) alpha = y`` (the GP posterior mean) by the
+diagonal shift (kernel ``K + sigma^2 delta``); ``"none"`` solves ``K alpha = y``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from kgp.options import Option
+from kgp.plugin import KernelExpansion, Problem, merge_options
+
+from .iterates import TailAverage, check_finite, checked_targets
+from .nystrom import (
+    KernelOpFactory,
+    NystromPreconditioner,
+    critical_batch_and_step,
+    heldout_top_eigenvalue,
+    nystrom_preconditioner,
+)
+from .options import EIGENPRO2_DEFAULTS, resolve_average_epochs, resolve_subsample
+
+__all__ = ["EP2State", "EigenPro2Solver", "ep2_epoch", "ep2_setup"]
+
+
+@dataclass
+class EP2State:
+    """What the epochs of EigenPro 2.0 on the points P need: preconditioner, batch size and step rule."""
+
+    points: Tensor
+    pre: NystromPreconditioner
+    batch: int
+    step: Callable[[int], float]
+    shift: float
+    lr_scale: float
+
+
+def _overlap(idx_a: Tensor, idx_b: Tensor) -> tuple[Tensor, Tensor]:
+    """Positions (i, j) with ``idx_a[i] == idx_b[j]`` (both index sets have unique entries)."""
+    eq = idx_a.unsqueeze(1) == idx_b.unsqueeze(0)
+    return eq.nonzero(as_tuple=True)
+
+
+def ep2_epoch(
+    kop: KernelOpFactory,
+    st: EP2State,
+    theta: Tensor,
+    targets: Tensor,
+    generator: torch.Generator,
+    after_step: Callable[[], None] | None = None,
+) -> float:
+    r"""One epoch of EigenPro 2.0 on ``(K(P, P) + shift I) theta = targets``; updates ``theta`` in place.
+
+    Per batch b: ``g = K_shift(P_b, P) theta - t_b``; ``theta_b -= (eta_m/m) g``;
+    ``theta_S += (eta_m/m) Q_s K_shift(P_S, P_b) g`` (Lemma 5 with X_m = P_b: the preconditioned
+    gradient ``K(., P_b) g - K(., P_S) Q_s K(P_S, P_b) g`` lies in span K(., P), so no projection).
+    Returns the running mean of ``g^2`` (training MSE seen during the epoch).
+    """
+    N = st.points.shape[0]
+    perm = torch.randperm(N, generator=generator).to(st.points.device)
+    total = 0.0
+    for start in range(0, N, st.batch):
+        b = perm[start : start + st.batch]
+        mb = b.shape[0]
+        g = kop(st.points[b], st.points) @ theta - targets[b]
+        if st.shift:
+            g += st.shift * theta[b]
+        total += float(g.pow(2).sum())
+        lr = st.lr_scale * st.step(mb) / mb
+        if st.pre.q > 0:
+            ks = kop(st.points[b], st.pre.points).to_dense().T @ g
+            if st.shift:
+                i, j = _overlap(st.pre.idx, b)
+                ks[i] += st.shift * g[j]
+            theta.index_add_(0, st.pre.idx, st.pre.apply(ks), alpha=lr)
+        theta[b] -= lr * g
+        if after_step is not None:
+            after_step()
+    return total / (N * targets.shape[1])
+
+
+def ep2_setup(
+    kop: KernelOpFactory,
+    points: Tensor,
+    s: int,
+    q: int,
+    shift: float,
+    batch_size: int | None,
+    lr_scale: float,
+    generator: torch.Generator,
+) -> EP2State:
+    """Preconditioner (eq. 29-30 on ``K + shift I``), held-out top eigenvalue, critical batch and step."""
+    pre = nystrom_preconditioner(kop, points, s, q, generator, shift)
+    lam_top = heldout_top_eigenvalue(kop, points, pre, s, generator, shift)
+    batch, step = critical_batch_and_step(pre.beta, lam_top, points.shape[0], batch_size)
+    return EP2State(points=points, pre=pre, batch=batch, step=step, shift=shift, lr_scale=lr_scale)
+
+
+class EigenPro2Solver:
+    """EigenPro 2.0 (Ma & Belkin 2019): preconditioned SGD with centers = the training set.
+
+    This is EigenPro 3.0 with Z = X, where the projection is the identity (EigenPro 3 Sec. 4.2).
+    ``regularization="ridge"`` solves ``(K + sigma^2 I) alpha = y`` (the GP posterior mean) by the
+    diagonal shift (kernel ``K + sigma^2 delta``); ``"none"`` solves ``K alpha = y``. Options:
+    :data:`~kgp_builtins.eigenpro.options.EIGENPRO2_DEFAULTS` (``kgp plugins --options eigenpro2``).
+    """
+
+    option_defaults: dict[str, Option] = EIGENPRO2_DEFAULTS
+    uses_centers = False
+    name = "eigenpro2"
+
+    def fit(self, problem: Problem) -> KernelExpansion:
+        owner = f"solver {self.name!r}"
+        opts = merge_options(owner, self.option_defaults, problem.options)
+        average_epochs = resolve_average_epochs(owner, opts)
+        X, y = problem.X, checked_targets(problem)
+        n = X.shape[0]
+        s, q = resolve_subsample(owner, n, opts["subsample_size"], opts["q"])
+        shift = float(problem.noise) if opts["regularization"] == "ridge" else 0.0
+        gen = problem.generator
+        kop = problem.kernel_operator
+        monitor = problem.monitor
+        monitor.start(total=opts["epochs"], desc=self.name)
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            state = ep2_setup(kop, X, s, q, shift, opts["batch_size"], opts["lr_scale"], gen)
+            setup_time = time.perf_counter() - t0
+            alpha = torch.zeros(n, y.shape[1], dtype=X.dtype, device=X.device)
+            y_scale = float(y.pow(2).mean()) or 1.0
+            average = TailAverage(alpha)
+            first_avg = opts["epochs"] - average_epochs + 1
+            for epoch in range(1, opts["epochs"] + 1):
+                t1 = time.perf_counter()
+                train_mse = ep2_epoch(kop, state, alpha, y, gen, average if epoch >= first_avg else None)
+                check_finite(alpha, epoch, "eigenpro2")
+                stop = monitor.step(
+                    epoch,
+                    lambda: KernelExpansion(problem.kernel, X, average.current().clone()),
+                    train_mse=train_mse,
+                    batch_size=state.batch,
+                    step_size=opts["lr_scale"] * state.step(state.batch),
+                    q=state.pre.q,
+                    s=s,
+                    setup_time=setup_time,
+                    time_epoch=time.perf_counter() - t1,
+                )
+                if stop or (opts["tol"] > 0 and train_mse <= opts["tol"] * y_scale):
+                    break
+        return KernelExpansion(problem.kernel, X, average.current())

@@ -1,0 +1,242 @@
+r"""EigenPro 3.0 (Abedsoltan, Belkin & Pandit, "Toward large kernel models", ICML 2023, Algorithm 2): ``eigenpro``.
+
+Fits ``f(x) = sum_j alpha_j k(x, z_j)`` on centers Z that need not be training points, by projected,
+preconditioned minibatch SGD in the RKHS (eq. 27)::
+
+    f <- f - (n/m) eta proj_Z( P_s{ grad_m L(f) } )
+
+- stochastic gradient on a batch X_m (eq. 28): ``K(., X_m) (K(X_m, Z) alpha - y_m)``;
+- data preconditioner P_s (eq. 29-30, Lemma 5; :mod:`.nystrom`);
+- projection (eq. 32; :mod:`.projection`): exact by Cholesky or inexact by EigenPro 2.0 epochs on Z.
+
+Conventions (kgp): ``problem.noise`` = GP noise variance sigma^2 = EigenPro's bare lambda.
+``regularization="ridge"`` minimises ``||K_XZ a - y||^2 + sigma^2 a^T K_ZZ a`` (the Nystrom GP
+posterior mean, ``(K_ZX K_XZ + sigma^2 K_ZZ) a = K_ZX y``); ``"none"`` minimises
+``||K_XZ a - y||^2`` (the paper's problem 15, interpolation when Z = X). See
+docs/solvers/eigenpro.md for the derivations, the measurements behind the defaults and the
+fixed point of the paper's ordering of preconditioner and projection (``correction="paper"``).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import Tensor
+
+from kgp import settings
+from kgp.options import Option
+from kgp.plugin import KernelExpansion, Problem, merge_options
+
+from .iterates import TailAverage, check_finite, checked_targets
+from .nystrom import KernelOpFactory, critical_batch_and_step, nystrom_preconditioner, symmetric_top_eigenvalue
+from .options import EIGENPRO3_DEFAULTS, resolve_average_epochs, resolve_subsample
+from .projection import CholeskyProjection, EigenPro2Projection
+
+__all__ = ["EigenPro3Solver"]
+
+
+def _batch_residual_gradient(kop: KernelOpFactory, Xb: Tensor, Z: Tensor, alpha: Tensor, yb: Tensor):
+    """``g = K(X_b, Z) alpha - y_b`` and ``K(Z, X_b) g`` with one kernel evaluation when the block fits."""
+    op = kop(Xb, Z)
+    m, p = Xb.shape[0], Z.shape[0]
+    if m * p * Xb.element_size() <= settings.memory_budget.value():
+        Kb = op.to_dense()
+        g = Kb @ alpha - yb
+        return g, Kb.T @ g
+    g = op @ alpha - yb
+    return g, op.mT @ g
+
+
+class EigenPro3Solver:
+    """EigenPro 3.0 (Algorithm 2): projected preconditioned SGD with centers decoupled from the data.
+
+    Options: :data:`~kgp_builtins.eigenpro.options.EIGENPRO3_DEFAULTS` (``kgp plugins --options eigenpro``;
+    their sources in docs/solvers/eigenpro.md).
+    """
+
+    option_defaults: dict[str, Option] = EIGENPRO3_DEFAULTS
+    uses_centers = True
+    name = "eigenpro"
+
+    def fit(self, problem: Problem) -> KernelExpansion:
+        owner = f"solver {self.name!r}"
+        opts = merge_options(owner, self.option_defaults, problem.options)
+        average_epochs = resolve_average_epochs(owner, opts)
+        if problem.centers is None:
+            raise ValueError("solver 'eigenpro' needs centers (problem.centers is None)")
+        Z = problem.centers.points
+        if Z.dim() != 2 or Z.shape[1] != problem.X.shape[1]:
+            raise ValueError(f"eigenpro: centers must be (p, {problem.X.shape[1]}), got {tuple(Z.shape)}")
+        Z = Z.to(device=problem.device, dtype=problem.dtype)
+        X, y = problem.X, checked_targets(problem)
+        n, p = X.shape[0], Z.shape[0]
+        s, q = resolve_subsample(owner, n, opts["subsample_size"], opts["q"])
+        projection = opts["projection"]
+        if projection == "auto":
+            fits = p * p * Z.element_size() <= settings.memory_budget.value()
+            projection = "cholesky" if fits else "eigenpro2"
+        s2, q2 = (None, None)
+        if projection == "eigenpro2":
+            s2, q2 = resolve_subsample(
+                owner,
+                p,
+                opts["projection_subsample_size"],
+                opts["projection_q"],
+                s_name="projection_subsample_size",
+                q_name="projection_q",
+                points="centers",
+            )
+        sigma2 = float(problem.noise) if opts["regularization"] == "ridge" else 0.0
+        gen = problem.generator
+        kop = problem.kernel_operator
+
+        monitor = problem.monitor
+        # Started before the setup so that the reported elapsed times include it (as wall time).
+        monitor.start(total=opts["epochs"], desc=self.name)
+        with torch.no_grad():
+            setup_start = time.perf_counter()
+            pre = nystrom_preconditioner(kop, X, s, q, gen)
+            # ZE = K(Z, X_s) E (p x q): the paper's C = K(Z, X_s) Q_s kept in factored form, O(p q).
+            ZE = kop(Z, pre.points) @ pre.E if pre.q > 0 else Z.new_zeros(p, 0)
+            proj = (
+                CholeskyProjection(kop, Z)
+                if projection == "cholesky"
+                else EigenPro2Projection(kop, Z, s2, q2, opts["projection_epochs"], gen)
+            )
+            lam_top = self._top_eigenvalue(kop, X, Z, pre, ZE, proj, opts["correction"], s, gen) + sigma2
+            beta = pre.beta + sigma2 / n
+            batch, step = critical_batch_and_step(beta, lam_top, n, opts["batch_size"])
+            setup_time = time.perf_counter() - setup_start
+
+            alpha = torch.zeros(p, y.shape[1], dtype=X.dtype, device=X.device)
+            y_scale = float(y.pow(2).mean()) or 1.0
+            average = TailAverage(alpha)
+            first_avg = opts["epochs"] - average_epochs + 1
+            for epoch in range(1, opts["epochs"] + 1):
+                times = {"gradient": 0.0, "correction": 0.0, "projection": 0.0}
+                perm = torch.randperm(n, generator=gen).to(X.device)
+                sq_sum = 0.0
+                for start in range(0, n, batch):
+                    b = perm[start : start + batch]
+                    mb = b.shape[0]
+                    t0 = time.perf_counter()
+                    Xb = X[b]
+                    g, grad = _batch_residual_gradient(kop, Xb, Z, alpha, y[b])
+                    sq_sum += float(g.pow(2).sum())
+                    t1 = time.perf_counter()
+                    theta = self._direction(
+                        kop, opts["correction"], Xb, g, grad, alpha, pre, ZE, proj, sigma2, n / mb, times, t1
+                    )
+                    times["gradient"] += t1 - t0
+                    alpha.sub_(theta, alpha=opts["lr_scale"] * step(mb) / n)
+                    if epoch >= first_avg:
+                        average()
+                check_finite(alpha, epoch, "eigenpro")
+                train_mse = sq_sum / (n * y.shape[1])
+                stop = monitor.step(
+                    epoch,
+                    lambda: KernelExpansion(problem.kernel, Z, average.current().clone()),
+                    train_mse=train_mse,
+                    batch_size=batch,
+                    step_size=opts["lr_scale"] * step(batch),
+                    top_eigenvalue=lam_top,
+                    q=pre.q,
+                    s=s,
+                    projection=proj.kind,
+                    setup_time=setup_time,
+                    time_gradient=times["gradient"],
+                    time_correction=times["correction"],
+                    time_projection=times["projection"],
+                )
+                if stop or (opts["tol"] > 0 and train_mse <= opts["tol"] * y_scale):
+                    break
+        return KernelExpansion(problem.kernel, Z, average.current())
+
+    # ------------------------------------------------------------------ pieces
+    @staticmethod
+    def _direction(kop, correction, Xb, g, grad, alpha, pre, ZE, proj, sigma2, scale, times, t_start) -> Tensor:
+        r"""Search direction theta (coefficients on Z) for one batch; the caller subtracts ``eta theta``.
+
+        ``correction="projected"``: ``u = proj_Z(F)``, ``theta = u - proj_Z(K(., X_s) Q_s K(X_s, Z) u)``
+        = coefficients of ``proj_Z P_s proj_Z F`` with ``F = (n/m) K(., X_m) g + sigma^2 f``.
+        ``"paper"`` (Algorithm 2): ``theta = proj_Z(P_s F)``, ``h = (n/m)[K(Z, X_m) g - C K(X_s, X_m) g]``
+        ``+ sigma^2 [K(Z, Z) alpha - C K(X_s, Z) alpha]``, ``C = K(Z, X_s) Q_s``.
+        """
+        h = grad * scale
+        if correction == "projected":
+            t1 = time.perf_counter()
+            u = proj.solve_ridge(h, alpha, sigma2)
+            t2 = time.perf_counter()
+            c = ZE @ (pre.d.unsqueeze(-1) * (ZE.T @ u)) if pre.q > 0 else None
+            t3 = time.perf_counter()
+            theta = u - proj.solve(c) if c is not None else u
+            t4 = time.perf_counter()
+            times["correction"] += (t1 - t_start) + (t3 - t2)
+            times["projection"] += (t2 - t1) + (t4 - t3)
+            return theta
+        if pre.q > 0:
+            ks = kop(Xb, pre.points).to_dense().T @ g  # K(X_s, X_m) g
+            h = h - scale * (ZE @ (pre.d.unsqueeze(-1) * (pre.E.T @ ks)))
+        if sigma2 and pre.q > 0:
+            h = h - sigma2 * (ZE @ (pre.d.unsqueeze(-1) * (ZE.T @ alpha)))
+        t1 = time.perf_counter()
+        theta = proj.solve_ridge(h, alpha, sigma2)
+        times["correction"] += t1 - t_start
+        times["projection"] += time.perf_counter() - t1
+        return theta
+
+    @staticmethod
+    def _top_eigenvalue(kop, X, Z, pre, ZE, proj, correction, size, gen) -> float:
+        r"""Top eigenvalue (sum units) of the full-batch iteration map, estimated on a held-out subsample H.
+
+        With the Cholesky projection (``K_ZZ = L L^T``, ``W = L^{-1} K(Z, H)``, ``U = L^{-1} ZE``) the map
+        ``alpha -> theta`` restricted to the data term has the eigenvalues of
+        ``(n/|H|) W^T (I - U D U^T) W`` (``"projected"``, symmetric) or
+        ``(n/|H|) (W^T W - W^T U D E^T K(X_s, H))`` (``"paper"``). With the inexact projection
+        (large p) the map itself, inner EigenPro 2.0 solves included, is power-iterated on H.
+        """
+        n = X.shape[0]
+        h_idx = torch.randperm(n, generator=gen)[:size].to(X.device)
+        H = X[h_idx]
+        if not isinstance(proj, CholeskyProjection):
+            return EigenPro3Solver._power_top(kop, H, Z, pre, ZE, proj, correction, n / size, gen)
+        L = proj.L
+        W = torch.linalg.solve_triangular(L, kop(Z, H).to_dense(), upper=False).double()
+        if pre.q == 0:
+            M = W.T @ W
+        else:
+            U = torch.linalg.solve_triangular(L, ZE, upper=False).double()
+            d = pre.d.double()
+            WU = W.T @ U
+            if correction == "projected":
+                M = W.T @ W - (WU * d) @ WU.T
+            else:
+                Ksh = kop(pre.points, H).to_dense().double()
+                M = W.T @ W - (WU * d) @ (pre.E.double().T @ Ksh)
+        if correction == "projected" or pre.q == 0:
+            top = symmetric_top_eigenvalue(M)
+        else:
+            top = float(torch.linalg.eigvals(M).abs().max())
+        return top * n / size
+
+    @staticmethod
+    def _power_top(kop, H, Z, pre, ZE, proj, correction, scale, gen, iterations: int = 20) -> float:
+        """Spectral radius of the batch-H iteration map ``v -> theta(v)`` by power iteration.
+
+        The inner EigenPro 2.0 projection is itself an approximate, randomised inverse, so the map is
+        estimated as applied; the largest of the last five Rayleigh-type ratios is returned.
+        """
+        KHZ = kop(H, Z).to_dense()  # |H| x p, within the O(p s) memory budget
+        v = torch.randn(Z.shape[0], 1, generator=gen, dtype=Z.dtype).to(Z.device)
+        ratios = []
+        for _ in range(iterations):
+            v = v / v.norm()
+            g = KHZ @ v
+            times = {"correction": 0.0, "projection": 0.0}
+            w = EigenPro3Solver._direction(
+                kop, correction, H, g, KHZ.T @ g, v, pre, ZE, proj, 0.0, scale, times, time.perf_counter()
+            )
+            ratios.append(float(w.norm()))
+            v = w
+        return max(ratios[-5:])
