@@ -9,29 +9,16 @@ Conventions: ``lam`` is the FALKON/BLESS per-sample lambda = sigma^2 / n (``requ
 
 from __future__ import annotations
 
+import functools
 import math
 
 import gpytorch
 import torch
 from torch import Tensor
 
-from kgp.operators import kernel_operator
-
-from .checks import _as_generator, _check_bool, _check_inputs, _check_n_centers, _check_options, _work_dtype
-from .result import BlessResult, center_weights
-from .scores import _ScoreEstimator
-
-
-def _lambda_path(lam0: float, lam: float, q: float) -> list[float]:
-    """Geometric path from lam0 / q' down to exactly lam, with q' <= q and H = ceil(log(lam0/lam)/log q)."""
-    if lam0 <= lam:
-        return [lam]
-    h_levels = max(1, math.ceil(math.log(lam0 / lam) / math.log(q) - 1e-12))
-    return [lam0 * (lam / lam0) ** (h / h_levels) for h in range(1, h_levels + 1)]
-
-
-def _kappa2(X: Tensor, kernel) -> float:
-    return float(kernel_operator(kernel, X).diagonal().max())
+from .checks import _check_inputs, _check_options
+from .path import Level, LevelDraw, Sweep, run_path
+from .result import BlessResult
 
 
 def _first_distinct(values: Tensor, m: int) -> int | None:
@@ -123,67 +110,66 @@ def bless(
     """
     lam = _check_inputs(X, kernel, lam)
     _check_options(q=q, t=t, q1=q1, q2=q2, linalg_dtype=linalg_dtype)
-    n = X.shape[0]
-    n_centers = _check_n_centers(n_centers, n)
-    _check_bool(early_stop, "early_stop")
-    gen = _as_generator(generator)
-    work = _work_dtype(X, linalg_dtype)
-    with torch.no_grad():
-        kappa2 = _kappa2(X, kernel)
-        path = _lambda_path(kappa2 / min(t, 1.0), lam, q)
-        idx = torch.empty(0, dtype=torch.long, device=X.device)
-        a = torch.empty(0, dtype=work, device=X.device)
-        levels: list[dict[str, float]] = []
-        for h, lam_h in enumerate(path, start=1):
-            last = h == len(path)
-            exact_m = n_centers is not None and (last or early_stop)
-            r = math.ceil(q1 * min(kappa2 / lam_h, n))
-            if exact_m:  # enough distinct candidates to draw n_centers distinct centers from
-                r = max(r, 2 * n_centers)
-            if r >= n:  # a full pass is the R_h = n limit without the duplicate noise
-                r, cand = n, torch.arange(n)
-            else:
-                cand = torch.randint(0, n, (r,), generator=gen)
-            est = _ScoreEstimator(X, kernel, idx, a, lam_h, work)
-            scores = est(cand.to(X.device))
-            d_h = float(n / r * scores.sum())
-            stop = n_centers is not None and (last or (early_stop and q2 * d_h >= n_centers))
-            if stop and r < n and torch.unique(cand).numel() < n_centers:
-                r, cand = n, torch.arange(n)
-                scores = est(cand.to(X.device))
-                d_h = float(scores.sum())
-            p = (scores / scores.sum()).cpu()
-            if stop:
-                pos = _draw_until_distinct(p, cand, n_centers, gen)
-            else:
-                pos = torch.multinomial(p, max(1, math.ceil(q2 * d_h)), replacement=True, generator=gen)
-            n_draws = pos.numel()
-            # merge repeated dataset indices: eq. 3 depends on A only through sum_copies 1/A_jj
-            chosen = cand[pos]
-            uniq, inverse, counts = torch.unique(chosen, return_inverse=True, return_counts=True)
-            order = torch.full((uniq.numel(),), n_draws, dtype=torch.long)
-            order.scatter_reduce_(0, inverse, torch.arange(n_draws), reduce="amin")
-            perm = order.argsort()
-            uniq, counts = uniq[perm], counts[perm]
-            first_pos = pos[order[perm]]
-            p_sel = p[first_pos].to(device=X.device, dtype=work)
-            a = (r * n_draws / n) * p_sel / counts.to(device=X.device, dtype=work)
-            idx = uniq.to(X.device)
-            sel_scores = scores[first_pos.to(X.device)]
-            levels.append({"lam": lam_h, "candidates": r, "draws": n_draws, "centers": int(idx.numel()), "d_eff": d_h})
-            if stop:
-                path = path[:h]
-                break
-        return BlessResult(
-            indices=idx,
-            a=a.to(X.dtype),
-            weights=center_weights(a, n).to(X.dtype),
-            counts=counts.to(X.device),
-            leverage_scores=sel_scores.to(X.dtype),
-            d_eff=d_h,
-            lambda_path=list(path),
-            levels=levels,
-        )
+    draw_level = functools.partial(_bless_level, q1=q1)
+    return run_path(
+        "bless",
+        X,
+        kernel,
+        lam,
+        n_centers=n_centers,
+        q=q,
+        t=t,
+        q2=q2,
+        early_stop=early_stop,
+        generator=generator,
+        linalg_dtype=linalg_dtype,
+        draw_level=draw_level,
+    )
+
+
+def _bless_level(sweep: Sweep, level: Level, idx: Tensor, a: Tensor, *, q1: float) -> LevelDraw:
+    """Alg. 1, lines 4-10: R_h uniform candidates, scores against (J_{h-1}, A_{h-1}), M_h draws from P_h."""
+    X, n, gen, work = sweep.X, sweep.n, sweep.generator, sweep.work_dtype
+    r = math.ceil(q1 * min(sweep.kappa2 / level.lam, n))
+    if level.may_stop:  # enough distinct candidates to draw n_centers distinct centers from
+        r = max(r, 2 * sweep.n_centers)
+    if r >= n:  # a full pass is the R_h = n limit without the duplicate noise
+        r, cand = n, torch.arange(n)
+    else:
+        cand = torch.randint(0, n, (r,), generator=gen)
+    est = sweep.estimator(idx, a, level.lam)
+    scores = est(cand.to(X.device))
+    d_h = float(n / r * scores.sum())
+    stop = sweep.stops(level, d_h)
+    if stop and r < n and torch.unique(cand).numel() < sweep.n_centers:
+        r, cand = n, torch.arange(n)
+        scores = est(cand.to(X.device))
+        d_h = float(scores.sum())
+    p = (scores / scores.sum()).cpu()
+    if stop:
+        pos = _draw_until_distinct(p, cand, sweep.n_centers, gen)
+    else:
+        pos = torch.multinomial(p, max(1, math.ceil(sweep.q2 * d_h)), replacement=True, generator=gen)
+    n_draws = pos.numel()
+    # merge repeated dataset indices: eq. 3 depends on A only through sum_copies 1/A_jj
+    chosen = cand[pos]
+    uniq, inverse, counts = torch.unique(chosen, return_inverse=True, return_counts=True)
+    order = torch.full((uniq.numel(),), n_draws, dtype=torch.long)
+    order.scatter_reduce_(0, inverse, torch.arange(n_draws), reduce="amin")
+    perm = order.argsort()
+    uniq, counts = uniq[perm], counts[perm]
+    first_pos = pos[order[perm]]
+    p_sel = p[first_pos].to(device=X.device, dtype=work)
+    return LevelDraw(
+        indices=uniq.to(X.device),
+        a=(r * n_draws / n) * p_sel / counts.to(device=X.device, dtype=work),
+        counts=counts.to(X.device),
+        scores=scores[first_pos.to(X.device)],
+        d_eff=d_h,
+        candidates=r,
+        draws=n_draws,
+        stop=stop,
+    )
 
 
 # ---------------------------------------------------------------------------------------------- Alg. 2
@@ -233,76 +219,62 @@ def bless_r(
     """
     lam = _check_inputs(X, kernel, lam)
     _check_options(q=q, t=t, q2=q2, linalg_dtype=linalg_dtype, score_lambda=score_lambda)
-    n = X.shape[0]
-    n_centers = _check_n_centers(n_centers, n)
-    _check_bool(early_stop, "early_stop")
-    gen = _as_generator(generator)
-    work = _work_dtype(X, linalg_dtype)
-    with torch.no_grad():
-        kappa2 = _kappa2(X, kernel)
-        lam0 = kappa2 / min(t, 1.0)
-        path = _lambda_path(lam0, lam, q)
-        idx = torch.empty(0, dtype=torch.long, device=X.device)
-        a = torch.empty(0, dtype=work, device=X.device)
-        levels: list[dict[str, float]] = []
-        lam_prev = max(lam0, path[0])
-        for h, lam_h in enumerate(path, start=1):
-            last = h == len(path)
-            exact_m = n_centers is not None and (last or early_stop)
-            beta = min(q2 * kappa2 / (lam_h * n), 1.0)
-            if exact_m:  # enough candidates to draw n_centers distinct centers from
-                beta = max(beta, min(1.0, 2.0 * n_centers / n))
-            cand = torch.arange(n) if beta >= 1.0 else torch.nonzero(torch.rand(n, generator=gen) < beta).squeeze(1)
-            lam_score = lam_h if score_lambda == "current" else lam_prev
-            est = _ScoreEstimator(X, kernel, idx, a, lam_score, work)
-            scores = est(cand.to(X.device))
-            scores_h = scores if score_lambda == "current" else None
-            if score_lambda == "previous" and (last or exact_m):  # d_eff(lambda_h) needs scores at lambda_h
-                est = _ScoreEstimator(X, kernel, idx, a, lam_h, work)
-                scores_h = est(cand.to(X.device))
-            d_h = float(scores_h.sum() / beta) if scores_h is not None else float("nan")
-            stop = n_centers is not None and (last or (early_stop and q2 * d_h >= n_centers))
-            if stop and cand.numel() < n_centers:
-                beta, cand = 1.0, torch.arange(n)
-                scores_h = scores = est(cand.to(X.device))
-                d_h = float(scores_h.sum())
-            if stop:
-                w = scores_h.cpu()
-                pos = torch.multinomial(w, n_centers, replacement=False, generator=gen)
-                incl = beta * torch.clamp(n_centers * w[pos] / w.sum(), max=1.0)
-                sel_scores = scores_h[pos.to(X.device)]
-            else:
-                p = torch.clamp(q2 * scores.cpu(), max=1.0)
-                keep = torch.rand(cand.numel(), generator=gen) < p / beta
-                pos = torch.nonzero(keep).squeeze(1)
-                incl = torch.clamp(p[pos], max=beta)
-                sel_scores = scores[pos.to(X.device)]
-            idx = cand[pos].to(X.device)
-            a = incl.to(device=X.device, dtype=work)
-            levels.append(
-                {
-                    "lam": lam_h,
-                    "candidates": int(cand.numel()),
-                    "draws": int(pos.numel()),
-                    "centers": int(idx.numel()),
-                    "d_eff": d_h,
-                }
-            )
-            lam_prev = lam_h
-            if stop:
-                path = path[:h]
-                break
-        if idx.numel() == 0:
-            raise ValueError(
-                "bless-r selected no centers at the final lambda; increase q2 or pass n_centers explicitly"
-            )
-        return BlessResult(
-            indices=idx,
-            a=a.to(X.dtype),
-            weights=center_weights(a, n).to(X.dtype),
-            counts=torch.ones(idx.numel(), dtype=torch.long, device=X.device),
-            leverage_scores=sel_scores.to(X.dtype),
-            d_eff=d_h,
-            lambda_path=list(path),
-            levels=levels,
-        )
+    draw_level = functools.partial(_bless_r_level, score_lambda=score_lambda)
+    return run_path(
+        "bless-r",
+        X,
+        kernel,
+        lam,
+        n_centers=n_centers,
+        q=q,
+        t=t,
+        q2=q2,
+        early_stop=early_stop,
+        generator=generator,
+        linalg_dtype=linalg_dtype,
+        draw_level=draw_level,
+    )
+
+
+def _bless_r_level(sweep: Sweep, level: Level, idx: Tensor, a: Tensor, *, score_lambda: str) -> LevelDraw:
+    """Alg. 2, lines 4-13: Bernoulli(beta_h) candidates, scores against (J_{h-1}, A_{h-1}), Bernoulli inclusion."""
+    X, n, gen = sweep.X, sweep.n, sweep.generator
+    beta = min(sweep.q2 * sweep.kappa2 / (level.lam * n), 1.0)
+    if level.may_stop:  # enough candidates to draw n_centers distinct centers from
+        beta = max(beta, min(1.0, 2.0 * sweep.n_centers / n))
+    cand = torch.arange(n) if beta >= 1.0 else torch.nonzero(torch.rand(n, generator=gen) < beta).squeeze(1)
+    lam_score = level.lam if score_lambda == "current" else level.lam_prev
+    est = sweep.estimator(idx, a, lam_score)
+    scores = est(cand.to(X.device))
+    scores_h = scores if score_lambda == "current" else None
+    if score_lambda == "previous" and (level.last or level.may_stop):  # d_eff(lambda_h) needs scores at lambda_h
+        est = sweep.estimator(idx, a, level.lam)
+        scores_h = est(cand.to(X.device))
+    d_h = float(scores_h.sum() / beta) if scores_h is not None else float("nan")
+    stop = sweep.stops(level, d_h)
+    if stop and cand.numel() < sweep.n_centers:
+        beta, cand = 1.0, torch.arange(n)
+        scores_h = scores = est(cand.to(X.device))
+        d_h = float(scores_h.sum())
+    if stop:
+        w = scores_h.cpu()
+        pos = torch.multinomial(w, sweep.n_centers, replacement=False, generator=gen)
+        incl = beta * torch.clamp(sweep.n_centers * w[pos] / w.sum(), max=1.0)
+        sel_scores = scores_h[pos.to(X.device)]
+    else:
+        p = torch.clamp(sweep.q2 * scores.cpu(), max=1.0)
+        keep = torch.rand(cand.numel(), generator=gen) < p / beta
+        pos = torch.nonzero(keep).squeeze(1)
+        incl = torch.clamp(p[pos], max=beta)
+        sel_scores = scores[pos.to(X.device)]
+    indices = cand[pos].to(X.device)
+    return LevelDraw(
+        indices=indices,
+        a=incl.to(device=X.device, dtype=sweep.work_dtype),
+        counts=torch.ones(indices.numel(), dtype=torch.long, device=X.device),
+        scores=sel_scores,
+        d_eff=d_h,
+        candidates=int(cand.numel()),
+        draws=int(pos.numel()),
+        stop=stop,
+    )
