@@ -16,7 +16,8 @@ import gpytorch
 import torch
 from torch import Tensor
 
-from .checks import _check_inputs, _check_options
+from .checks import _check_inputs
+from .options import parse_options
 from .path import Level, LevelDraw, Sweep, run_path
 from .result import BlessResult
 
@@ -63,7 +64,7 @@ def bless(
     t: float = 1.0,
     q1: float = 2.0,
     q2: float = 3.0,
-    early_stop: bool = False,
+    early_stop: bool = True,
     generator: torch.Generator | int | None = None,
     linalg_dtype: str = "float64",
 ) -> BlessResult:
@@ -83,9 +84,9 @@ def bless(
     lam:
         Target per-sample lambda (sigma^2 / n).
     n_centers:
-        None: ``M_H = ceil(q2 d_H)`` draws as in the paper. Given: at the final level, draw i.i.d. from
-        P_H until exactly ``n_centers`` distinct centers are found (multiplicities kept in A and D);
-        earlier levels are unchanged.
+        None: ``M_H = ceil(q2 d_H)`` draws as in the paper. Given: at the final level (see
+        ``early_stop``), draw i.i.d. from P_H until exactly ``n_centers`` distinct centers are found
+        (multiplicities kept in A and D); earlier levels are unchanged.
     q:
         Lambda step (> 1); the path is ``lambda_0 / q^h`` with the last step shortened so that
         lambda_H = lam exactly.
@@ -96,9 +97,10 @@ def bless(
         theoretical values of Thm. 1 are in the hundreds; defaults (2, 3) are measured choices
         (docs/selectors/bless.md).
     early_stop:
-        Only with ``n_centers``: stop the path at the first lambda_h with ``q2 d_h >= n_centers`` and
-        draw the centers there, i.e. choose ``lambda_bless >= lam`` so that d_eff matches the requested
-        M, as the paper does for FALKON-BLESS (Sec. 4). Cost then stays ~ n_centers^2 / lambda_h.
+        Only with ``n_centers``. True (default): stop the path at the first lambda_h with
+        ``q2 d_h >= n_centers`` and draw the centers there, i.e. choose ``lambda_bless >= lam`` so that
+        d_eff matches the requested M, as the paper does for FALKON-BLESS (Sec. 4); cost then stays
+        ~ n_centers^2 / lambda_h. False: run the whole path and draw the centers at ``lam``.
     generator:
         ``torch.Generator`` (CPU) or int seed for every random draw; None: torch's default seed.
     linalg_dtype:
@@ -109,22 +111,9 @@ def bless(
     BlessResult
     """
     lam = _check_inputs(X, kernel, lam)
-    _check_options(q=q, t=t, q1=q1, q2=q2, linalg_dtype=linalg_dtype)
-    draw_level = functools.partial(_bless_level, q1=q1)
-    return run_path(
-        "bless",
-        X,
-        kernel,
-        lam,
-        n_centers=n_centers,
-        q=q,
-        t=t,
-        q2=q2,
-        early_stop=early_stop,
-        generator=generator,
-        linalg_dtype=linalg_dtype,
-        draw_level=draw_level,
-    )
+    options = parse_options("bless()", bless, q=q, t=t, q1=q1, q2=q2, early_stop=early_stop, linalg_dtype=linalg_dtype)
+    draw_level = functools.partial(_bless_level, q1=options.pop("q1"))
+    return run_path("bless", X, kernel, lam, n_centers=n_centers, generator=generator, draw_level=draw_level, **options)
 
 
 def _bless_level(sweep: Sweep, level: Level, idx: Tensor, a: Tensor, *, q1: float) -> LevelDraw:
@@ -183,7 +172,7 @@ def bless_r(
     t: float = 1.0,
     q2: float = 3.0,
     score_lambda: str = "current",
-    early_stop: bool = False,
+    early_stop: bool = True,
     generator: torch.Generator | int | None = None,
     linalg_dtype: str = "float64",
 ) -> BlessResult:
@@ -200,13 +189,12 @@ def bless_r(
         Alg. 2 is printed. The two differ by at most a factor q; "current" slightly oversamples and
         gives d_eff(lam) at the final level without an extra pass.
     n_centers:
-        None: |J_H| is random with mean ~ q2 d_eff(lam). Given: at the final level, exactly
-        ``n_centers`` points are drawn without replacement from U_H with probability proportional to
-        their scores; A then holds the first-order inclusion probabilities
-        ``beta_H min(n_centers l~_j / sum_U l~, 1)``.
-
+        None: |J_H| is random with mean ~ q2 d_eff(lam). Given: at the final level (see
+        ``early_stop``), exactly ``n_centers`` points are drawn without replacement from U_H with
+        probability proportional to their scores; A then holds the first-order inclusion
+        probabilities ``beta_H min(n_centers l~_j / sum_U l~, 1)``.
     early_stop:
-        As in :func:`bless`.
+        As in :func:`bless` (default True).
 
     The other parameters are those of :func:`bless`. When ``p_{h,j} > beta_h`` the inclusion
     probability ``p / beta`` is clipped at 1, so the realised probability (and the A entry) is
@@ -218,21 +206,19 @@ def bless_r(
         ``d_eff`` is the Horvitz-Thompson estimate ``sum_{U_H} l~(x, lam) / beta_H``.
     """
     lam = _check_inputs(X, kernel, lam)
-    _check_options(q=q, t=t, q2=q2, linalg_dtype=linalg_dtype, score_lambda=score_lambda)
-    draw_level = functools.partial(_bless_r_level, score_lambda=score_lambda)
-    return run_path(
-        "bless-r",
-        X,
-        kernel,
-        lam,
-        n_centers=n_centers,
+    options = parse_options(
+        "bless_r()",
+        bless_r,
         q=q,
         t=t,
         q2=q2,
+        score_lambda=score_lambda,
         early_stop=early_stop,
-        generator=generator,
         linalg_dtype=linalg_dtype,
-        draw_level=draw_level,
+    )
+    draw_level = functools.partial(_bless_r_level, score_lambda=options.pop("score_lambda"))
+    return run_path(
+        "bless-r", X, kernel, lam, n_centers=n_centers, generator=generator, draw_level=draw_level, **options
     )
 
 

@@ -1,4 +1,4 @@
-"""Argument checks shared by `bless`, `bless_r` and the eq. 3 estimator."""
+"""Checks of the data arguments of `bless`, `bless_r` and the eq. 3 estimator (options: :mod:`.options`)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,6 @@ from typing import Any
 import gpytorch
 import torch
 from torch import Tensor
-
-_LINALG_DTYPES = ("float64", "input")
-_SCORE_LAMBDAS = ("current", "previous")
 
 
 def _check_inputs(X: Any, kernel: Any, lam: Any) -> float:
@@ -29,27 +26,6 @@ def _positive(value: Any, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name}: expected a finite positive number, got {value!r}")
     return float(value)
-
-
-def _check_options(
-    *, q: Any, t: Any, q2: Any, q1: Any = 1.0, linalg_dtype: Any = "float64", score_lambda: Any = "current"
-) -> None:
-    _positive(q, "q")
-    if q <= 1:
-        raise ValueError(f"q: expected a lambda step > 1, got {q!r}")
-    _positive(t, "t")
-    _positive(q1, "q1")
-    _positive(q2, "q2")
-    if linalg_dtype not in _LINALG_DTYPES:
-        raise ValueError(f"linalg_dtype: expected one of {_LINALG_DTYPES}, got {linalg_dtype!r}")
-    if score_lambda not in _SCORE_LAMBDAS:
-        raise ValueError(f"score_lambda: expected one of {_SCORE_LAMBDAS}, got {score_lambda!r}")
-
-
-def _check_bool(value: Any, name: str) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name}: expected True or False, got {value!r}")
-    return value
 
 
 def _check_n_centers(n_centers: Any, n: int) -> int | None:

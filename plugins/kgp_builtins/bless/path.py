@@ -21,7 +21,7 @@ from torch import Tensor
 
 from kgp.operators import kernel_operator
 
-from .checks import _as_generator, _check_bool, _check_n_centers, _work_dtype
+from .checks import _as_generator, _check_n_centers, _work_dtype
 from .result import BlessResult, center_weights
 from .scores import _ScoreEstimator
 
@@ -112,11 +112,10 @@ def run_path(
     """Walk the lambda path, calling ``draw_level(sweep, level, J_{h-1}, diag A_{h-1})`` at each level.
 
     ``name`` ("bless" / "bless-r") names the algorithm in errors. The other arguments are those of
-    :func:`~.algorithms.bless`; ``lam`` is already checked.
+    :func:`~.algorithms.bless`; ``lam`` and the options are already checked.
     """
     n = X.shape[0]
     n_centers = _check_n_centers(n_centers, n)
-    _check_bool(early_stop, "early_stop")
     gen = _as_generator(generator)
     work = _work_dtype(X, linalg_dtype)
     with torch.no_grad():

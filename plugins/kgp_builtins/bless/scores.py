@@ -15,7 +15,8 @@ from torch import Tensor
 
 from kgp.operators import kernel_operator, plan_block_rows, row_slices
 
-from .checks import _check_inputs, _check_options, _work_dtype
+from .checks import _check_inputs, _work_dtype
+from .options import parse_option
 
 
 class _ScoreEstimator:
@@ -101,7 +102,7 @@ def estimate_leverage_scores(
         Scores in X's dtype and device.
     """
     lam = _check_inputs(X, kernel, lam)
-    _check_options(q=2.0, t=1.0, q2=1.0, linalg_dtype=linalg_dtype)
+    linalg_dtype = parse_option("estimate_leverage_scores()", "linalg_dtype", linalg_dtype)
     if indices.dim() != 1 or a.shape != indices.shape:
         raise ValueError(
             f"indices, a: expected two 1-D tensors of equal length, got {tuple(indices.shape)}, {tuple(a.shape)}"

@@ -2,40 +2,37 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+import kgp
 from kgp.plugin import Centers, SelectionRequest
 
 from .algorithms import bless, bless_r
-from .checks import _positive
-
-
-def _selector_lam(request: SelectionRequest, options: dict[str, Any]) -> float:
-    lam = options.get("lam")
-    if lam is None:
-        return request.lam
-    return _positive(lam, "lam")
+from .options import LAM_OPTION, declared_options
+from .result import BlessResult
 
 
 class _BlessFamilySelector:
-    """Adapter from the selector contract to :func:`bless` / :func:`bless_r`.
+    """Selector running ``run`` (:func:`bless` or :func:`bless_r`) on a :class:`kgp.SelectionRequest`.
 
-    The option names are exactly the keyword arguments of ``run`` besides the data, so one
-    ``select`` serves both algorithms.
+    Its options are the keyword arguments of ``run`` besides ``n_centers`` and ``generator`` (taken
+    from the request), with ``run``'s defaults (:func:`.options.declared_options`), plus ``lam``.
     """
 
-    def __init__(self, run, option_defaults: dict[str, Any]):
+    def __init__(self, name: str, run: Callable[..., BlessResult]):
+        self.name = name
         self._run = run
-        self.option_defaults = option_defaults
+        self.option_defaults: dict[str, kgp.Option] = {"lam": LAM_OPTION, **declared_options(run)}
 
     def select(self, request: SelectionRequest) -> Centers:
-        options = dict(request.options)
-        lam = _selector_lam(request, options)
-        options.pop("lam", None)
+        # direct calls (tests) may pass partial or unchecked options; merging is idempotent
+        options: dict[str, Any] = kgp.merge_options(f"selector {self.name!r}", self.option_defaults, request.options)
+        lam = options.pop("lam")
         result = self._run(
             request.X,
             request.kernel,
-            lam,
+            request.lam if lam is None else lam,
             n_centers=request.n_centers,
             generator=request.generator,
             **options,
@@ -43,22 +40,8 @@ class _BlessFamilySelector:
         return result.to_centers(request.X)
 
 
-BlessSelector = _BlessFamilySelector(
-    bless,
-    {"q": 2.0, "t": 1.0, "q1": 2.0, "q2": 3.0, "lam": None, "early_stop": True, "linalg_dtype": "float64"},
-)
+BlessSelector = _BlessFamilySelector("bless", bless)
 """Selector ``bless``: :func:`bless` (Alg. 1) at ``request.lam`` (or the ``lam`` option)."""
 
-BlessRSelector = _BlessFamilySelector(
-    bless_r,
-    {
-        "q": 2.0,
-        "t": 1.0,
-        "q2": 3.0,
-        "lam": None,
-        "score_lambda": "current",
-        "early_stop": True,
-        "linalg_dtype": "float64",
-    },
-)
+BlessRSelector = _BlessFamilySelector("bless-r", bless_r)
 """Selector ``bless-r``: :func:`bless_r` (Alg. 2) at ``request.lam`` (or the ``lam`` option)."""
