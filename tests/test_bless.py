@@ -23,6 +23,7 @@ from kgp_builtins.oracles import exact_leverage_scores
 
 import kgp
 from kgp.kernels import make_kernel
+from kgp.linalg import NotPSDError
 from kgp.options import InvalidOptionError
 from kgp.plugin import SelectionRequest
 
@@ -338,6 +339,16 @@ def test_selector_defaults_stop_early_like_the_function_defaults():
     res = bless(X, _rbf(1.0, torch.float32), 1e-3 / 600, n_centers=40, generator=3)
     assert torch.equal(c.indices, res.indices) and torch.equal(c.weights, res.weights)
     assert res.lambda_path[-1] > 1e-3 / 600
+
+
+def test_estimator_reports_a_nan_dictionary_as_not_psd():
+    # W = A^-1/2 K_JJ A^-1/2 + lam n I is factorised by kgp.linalg.psd_cholesky: NaN raises NotPSDError
+    # naming the matrix (the hand-written jitter loop it replaced never ended on NaN)
+    X = _clustered(50, 0)
+    a = torch.ones(5, dtype=torch.float64)
+    a[2] = float("nan")
+    with pytest.raises(NotPSDError, match=r"BLESS's W = A\^-1/2 K_JJ A\^-1/2 \+ lambda n I contains NaN"):
+        estimate_leverage_scores(X, _rbf(1.0), 1e-3, torch.arange(5), a)
 
 
 def test_previous_lambda_variant_of_bless_r_is_accurate():

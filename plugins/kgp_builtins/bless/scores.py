@@ -13,6 +13,7 @@ import gpytorch
 import torch
 from torch import Tensor
 
+from kgp.linalg import psd_cholesky
 from kgp.operators import kernel_operator, plan_block_rows, row_slices
 
 from .checks import _check_inputs, _work_dtype
@@ -37,13 +38,14 @@ class _ScoreEstimator:
             self.s = a.to(device=X.device, dtype=work_dtype).rsqrt()
             w = self.s[:, None] * kjj * self.s[None, :]
             w.diagonal().add_(self.lam_n)
-            chol, info = torch.linalg.cholesky_ex(w)
-            jitter = torch.finfo(work_dtype).eps * w.diagonal().max()
-            while int(info) != 0:  # only rounding can make W indefinite: add growing jitter
-                w.diagonal().add_(jitter)
-                jitter = jitter * 10
-                chol, info = torch.linalg.cholesky_ex(w)
-            self.chol = chol
+            # only rounding can make W indefinite: growing jitter from eps * max W_ii; NaN (or a jitter
+            # that does not help) raises NotPSDError instead
+            self.chol = psd_cholesky(
+                w,
+                jitter=float(torch.finfo(work_dtype).eps * w.diagonal().max()),
+                what="BLESS's W = A^-1/2 K_JJ A^-1/2 + lambda n I",
+                remedy="use linalg_dtype='float64', a larger lambda, or check X and the kernel for NaN",
+            )
 
     def __call__(self, rows: Tensor) -> Tensor:
         """Scores of ``X[rows]`` (in ``work_dtype``, on X's device)."""
