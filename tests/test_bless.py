@@ -1,4 +1,4 @@
-"""BLESS / BLESS-R center selectors (plugins/kgp_builtins/bless.py) against independent oracles.
+"""BLESS / BLESS-R center selectors (plugins/kgp_builtins/bless/) against independent oracles.
 
 Oracles: eigendecomposition formula for the exact ridge leverage scores (numpy), the identity eq. 4 of
 the BLESS paper (J = [n], A = I gives the exact scores), exact d_eff = Tr(K (K + lam n I)^{-1}), dense
@@ -349,6 +349,22 @@ def test_estimator_reports_a_nan_dictionary_as_not_psd():
     a[2] = float("nan")
     with pytest.raises(NotPSDError, match=r"BLESS's W = A\^-1/2 K_JJ A\^-1/2 \+ lambda n I contains NaN"):
         estimate_leverage_scores(X, _rbf(1.0), 1e-3, torch.arange(5), a)
+
+
+def test_docs_options_table_matches_declarations():
+    from kgp.options import describe_options
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "selectors" / "bless.md").read_text()
+    rows = {}
+    for line in page.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[0].startswith("`") and cells[0].endswith("`"):
+            rows[cells[0].strip("`")] = (cells[1].strip("`"), cells[2])
+    declared = {}
+    for name in ("bless", "bless-r"):
+        for option, default, expected, _ in describe_options(kgp.get_selector(name).option_defaults):
+            declared[option] = (default.replace("'", '"'), expected)
+    assert rows == declared
 
 
 def test_previous_lambda_variant_of_bless_r_is_accurate():

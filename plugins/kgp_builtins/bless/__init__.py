@@ -9,8 +9,10 @@ weights of FALKON's weighted Nystrom (:mod:`.result`).
 
 Conventions: ``lam`` is the FALKON/BLESS per-sample lambda = sigma^2 / n (``request.lam``).
 
-Modules: :mod:`.scores` (eq. 3), :mod:`.algorithms` (Alg. 1 and 2), :mod:`.result` (BlessResult,
-FALKON's D), :mod:`.checks` (argument checks), :mod:`.selector` (the selector adapter).
+Modules: :mod:`.scores` (eq. 3), :mod:`.path` (the lambda path and the level driver both algorithms
+share), :mod:`.algorithms` (the per-level draws of Alg. 1 and 2), :mod:`.result` (BlessResult,
+FALKON's D), :mod:`.options` (option declarations, defaults from the functions' signatures),
+:mod:`.checks` (data-argument checks), :mod:`.selector` (the selector adapter).
 """
 
 from __future__ import annotations
