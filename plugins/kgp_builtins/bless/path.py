@@ -67,7 +67,7 @@ class Sweep:
 
 @dataclass(frozen=True)
 class Level:
-    """Level h of the path: ``lam`` = lambda_h, ``lam_prev`` = lambda_{h-1} (lambda_0 at h = 1)."""
+    """Level h of the path: ``lam`` = lambda_h, ``lam_prev`` = lambda_{h-1} (at h = 1: max(lambda_0, lambda_1))."""
 
     h: int
     lam: float
