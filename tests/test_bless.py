@@ -1,4 +1,4 @@
-"""BLESS / BLESS-R center selectors (plugins/kgp_builtins/bless.py) against independent oracles.
+"""BLESS / BLESS-R center selectors (plugins/kgp_builtins/bless/) against independent oracles.
 
 Oracles: eigendecomposition formula for the exact ridge leverage scores (numpy), the identity eq. 4 of
 the BLESS paper (J = [n], A = I gives the exact scores), exact d_eff = Tr(K (K + lam n I)^{-1}), dense
@@ -23,6 +23,8 @@ from kgp_builtins.oracles import exact_leverage_scores
 
 import kgp
 from kgp.kernels import make_kernel
+from kgp.linalg import NotPSDError
+from kgp.options import InvalidOptionError
 from kgp.plugin import SelectionRequest
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -226,7 +228,7 @@ def test_early_stop_returns_requested_centers_at_a_larger_lambda(name):
     res = ALGOS[name](X, _rbf(1.0), lam, n_centers=60, early_stop=True, generator=0)
     assert res.indices.numel() == 60
     assert res.lambda_path[-1] > lam  # stopped where q2 d_eff(lambda_h) reached 60
-    full = ALGOS[name](X, _rbf(1.0), lam, n_centers=60, generator=0)
+    full = ALGOS[name](X, _rbf(1.0), lam, n_centers=60, early_stop=False, generator=0)
     assert full.indices.numel() == 60 and math.isclose(full.lambda_path[-1], lam)
 
 
@@ -257,10 +259,11 @@ def test_weights_give_unbiased_estimate_of_KnM_T_KnM():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"q": 1.0}, "q"),
-        ({"q2": -1.0}, "q2"),
-        ({"t": 0}, "t"),
-        ({"linalg_dtype": "half"}, "linalg_dtype"),
+        ({"q": 1.0}, r"bless\(\) option 'q': expected a finite number > 1, got 1.0"),
+        ({"q2": -1.0}, r"bless\(\) option 'q2': expected a finite number > 0, got -1.0"),
+        ({"t": 0}, r"bless\(\) option 't': expected a finite number > 0, got 0"),
+        ({"linalg_dtype": "half"}, r"bless\(\) option 'linalg_dtype': expected one of 'float64', 'input', got 'half'"),
+        ({"early_stop": "no"}, r"bless\(\) option 'early_stop': expected True or False, got 'no'"),
         ({"n_centers": 0}, "n_centers"),
         ({"n_centers": 10_000}, "n_centers"),
     ],
@@ -279,10 +282,89 @@ def test_bad_inputs_raise():
         bless_r(X, "rbf", 1e-3)
     with pytest.raises(ValueError, match="lam"):
         bless_r(X, _rbf(1.0), -1.0)
-    with pytest.raises(ValueError, match="score_lambda"):
+    with pytest.raises(ValueError, match=r"bless_r\(\) option 'score_lambda': expected one of 'current', 'previous'"):
         bless_r(X, _rbf(1.0), 1e-3, score_lambda="next")
+    with pytest.raises(ValueError, match=r"estimate_leverage_scores\(\) option 'linalg_dtype'"):
+        estimate_leverage_scores(X, _rbf(1.0), 1e-3, torch.arange(3), torch.ones(3), linalg_dtype="half")
     with pytest.raises(ValueError, match="unknown option"):
         kgp.KernelRegressor(solver="falkon", centers="bless", selector_options={"q3": 1}).fit(X, X[:, 0])
+
+
+@pytest.mark.parametrize("name", ["bless", "bless-r"])
+def test_selector_options_are_the_functions_keyword_defaults(name):
+    # one source of truth: the selector declares the function's keyword arguments with its defaults
+    import inspect
+
+    fn = ALGOS[name]
+    defaults = kgp.get_selector(name).option_defaults
+    params = inspect.signature(fn).parameters
+    expected = {k: p.default for k, p in params.items() if p.kind is p.KEYWORD_ONLY} | {"lam": None}
+    del expected["n_centers"], expected["generator"]
+    assert {k: opt.default for k, opt in defaults.items()} == expected
+    assert all(isinstance(opt, kgp.Option) and opt.help for opt in defaults.values())
+    assert params["early_stop"].default is True  # "stop the lambda path at the requested n_centers by default"
+    assert set(expected) == {"lam", "q", "t", "q2", "early_stop", "linalg_dtype"} | (
+        {"q1"} if name == "bless" else {"score_lambda"}
+    )
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"q": 1}, "option 'q': expected a finite number > 1, got 1"),
+        ({"lam": 0.0}, "option 'lam': expected a finite number > 0 or None, got 0.0"),
+        ({"early_stop": 1}, "option 'early_stop': expected True or False, got 1"),
+        ({"linalg_dtype": "float32"}, "option 'linalg_dtype': expected one of 'float64', 'input', got 'float32'"),
+    ],
+)
+@pytest.mark.parametrize("name", ["bless", "bless-r"])
+def test_selector_options_are_checked_in_kgps_format(name, options, message):
+    X = _clustered(60, 0)
+    with pytest.raises(InvalidOptionError, match=f"selector '{name}' {message}"):
+        kgp.KernelRegressor(solver="falkon", centers=name, selector_options=options).fit(X, X[:, 0])
+    # a direct select() with unmerged options checks them the same way
+    req = SelectionRequest(
+        X=X, n_centers=None, kernel=_rbf(1.0), noise=1e-2, generator=torch.Generator(), options=options
+    )
+    with pytest.raises(InvalidOptionError, match=f"selector '{name}' {message}"):
+        kgp.get_selector(name).select(req)
+
+
+def test_selector_defaults_stop_early_like_the_function_defaults():
+    X = _clustered(600, 7).float()
+    req = SelectionRequest(
+        X=X, n_centers=40, kernel=_rbf(1.0, torch.float32), noise=1e-3, generator=torch.Generator().manual_seed(3)
+    )
+    c = kgp.get_selector("bless").select(req)  # options partial: defaults merged in select()
+    res = bless(X, _rbf(1.0, torch.float32), 1e-3 / 600, n_centers=40, generator=3)
+    assert torch.equal(c.indices, res.indices) and torch.equal(c.weights, res.weights)
+    assert res.lambda_path[-1] > 1e-3 / 600
+
+
+def test_estimator_reports_a_nan_dictionary_as_not_psd():
+    # W = A^-1/2 K_JJ A^-1/2 + lam n I is factorised by kgp.linalg.psd_cholesky: NaN raises NotPSDError
+    # naming the matrix (the hand-written jitter loop it replaced never ended on NaN)
+    X = _clustered(50, 0)
+    a = torch.ones(5, dtype=torch.float64)
+    a[2] = float("nan")
+    with pytest.raises(NotPSDError, match=r"BLESS's W = A\^-1/2 K_JJ A\^-1/2 \+ lambda n I contains NaN"):
+        estimate_leverage_scores(X, _rbf(1.0), 1e-3, torch.arange(5), a)
+
+
+def test_docs_options_table_matches_declarations():
+    from kgp.options import describe_options
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "selectors" / "bless.md").read_text()
+    rows = {}
+    for line in page.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[0].startswith("`") and cells[0].endswith("`"):
+            rows[cells[0].strip("`")] = (cells[1].strip("`"), cells[2])
+    declared = {}
+    for name in ("bless", "bless-r"):
+        for option, default, expected, _ in describe_options(kgp.get_selector(name).option_defaults):
+            declared[option] = (default.replace("'", '"'), expected)
+    assert rows == declared
 
 
 def test_previous_lambda_variant_of_bless_r_is_accurate():
@@ -342,7 +424,7 @@ def test_weighted_nystrom_solution_does_not_depend_on_D():
     y = torch.sin(X[:, 0]) + 0.1 * torch.randn(n, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     kernel = _rbf(1.0)
     # M = 150 keeps cond(H) ~ 1e8, so that the float64 oracle itself is accurate to ~1e-10
-    res = bless(X, kernel, 1e-2 / n, n_centers=150, generator=0)
+    res = bless(X, kernel, 1e-2 / n, n_centers=150, early_stop=False, generator=0)
     Z = X[res.indices]
     a_w = _dense_nystrom(X, y, Z, kernel, 1e-2, res.weights)
     a_0 = _dense_nystrom(X, y, Z, kernel, 1e-2)

@@ -8,6 +8,7 @@ from conftest import load_uci
 from sklearn.kernel_ridge import KernelRidge
 
 import kgp
+from kgp.linalg import NotPSDError
 
 
 def _standardize(X, y):
@@ -114,6 +115,21 @@ def test_exact_refuses_large_n_with_clear_error():
     with kgp.settings.max_exact_size(100):
         with pytest.raises(ValueError, match="max_exact_size"):
             kgp.KernelRegressor(solver="exact").fit(X, y)
+
+
+def test_exact_not_positive_definite_raises_not_psd_without_jitter():
+    # duplicated points, a wide kernel and a noise far below float32's eps: K + noise I is singular in
+    # float32. The oracle must not add jitter (it would solve another problem): NotPSDError with a remedy.
+    X, y = _synthetic(200, 2)
+    X, y = np.concatenate([X, X]).astype(np.float32), np.concatenate([y, y]).astype(np.float32)
+    model = kgp.KernelRegressor("rbf", lengthscale=3.0, noise=1e-9, solver="exact")
+    with pytest.raises(
+        NotPSDError,
+        match=r"solver 'exact': K \+ noise\*I with noise=1e-09 \(400 x 400, torch.float32\) is not positive definite; "
+        r"increase noise or use float64$",
+    ):
+        model.fit(X, y)
+    assert np.isfinite(model.set_params(dtype="float64", noise=1e-6).fit(X, y).predict(X[:5])).all()
 
 
 def test_exact_float32_follows_dtype():

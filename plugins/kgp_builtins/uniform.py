@@ -15,7 +15,7 @@ from kgp.plugin import Centers, SelectionRequest, default_n_centers
 class UniformSelector:
     """Uniform sampling without replacement, reproducible through ``request.generator``."""
 
-    option_defaults: dict = {}
+    option_defaults: dict[str, kgp.Option] = {}  # none: the seed is the model's random_state
 
     def select(self, request: SelectionRequest) -> Centers:
         n = request.n

@@ -24,9 +24,6 @@ the numerically non-degenerate part of ``span{k(., z_j)}``.
 
 from __future__ import annotations
 
-from numbers import Real
-from typing import Any
-
 import torch
 from torch import Tensor
 
@@ -34,14 +31,6 @@ import kgp
 from kgp.plugin import KernelExpansion, Problem
 
 __all__ = ["NystromDirect", "solve_nystrom_system"]
-
-
-def _check_rcond(value: Any) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, Real) or not 0.0 <= float(value) < 1.0:
-        raise ValueError(f"solver option 'rcond': expected None or a number in [0, 1), got {value!r}")
-    return float(value)
 
 
 def solve_nystrom_system(gram: Tensor, kmm: Tensor, rhs: Tensor, noise: float, rcond: float | None = None) -> Tensor:
@@ -84,20 +73,30 @@ def solve_nystrom_system(gram: Tensor, kmm: Tensor, rhs: Tensor, noise: float, r
 class NystromDirect:
     """Dense Nystrom solve of ``(K_nM^T K_nM + sigma^2 K_MM) alpha = K_nM^T y`` (all outputs at once).
 
-    Options
+    Options (declared with :class:`kgp.Option`, checked by kgp before ``fit``)
     -------
-    rcond : float or None, default None
+    rcond : float in [0, 1) or None, default None
         Relative eigenvalue threshold on ``K_MM`` (None: ``M * eps`` of the dtype).
 
     Center weights (FALKON's D) are accepted and ignored: the Nystrom estimator does not depend on
     D (Rudi et al. 2017, Appendix A, Def. 4), only an iterative solver's conditioning does.
     """
 
-    option_defaults: dict[str, Any] = {"rcond": None}
+    option_defaults = {
+        "rcond": kgp.Option.number(
+            None,
+            minimum=0.0,
+            maximum=1.0,
+            exclusive_maximum=True,
+            allow_none=True,
+            help="relative eigenvalue threshold on K_MM (None: M * eps of the dtype)",
+        )
+    }
     uses_centers = True
 
     def fit(self, problem: Problem) -> KernelExpansion:
-        rcond = _check_rcond(problem.options.get("rcond"))
+        # the model passes checked options; a direct call (tests) may pass partial ones: merging is idempotent
+        rcond = kgp.merge_options("solver 'nystrom-direct'", self.option_defaults, problem.options)["rcond"]
         if problem.centers is None:
             raise ValueError("solver 'nystrom-direct' needs centers (problem.centers is None)")
         Z = problem.centers.points

@@ -103,9 +103,13 @@ def test_same_seed_same_centers_and_dtype_follow_x():
 
 def test_option_and_size_errors():
     X = np.zeros((10, 2)) + np.arange(10)[:, None]
-    with pytest.raises(ValueError, match="'metric': expected one of"):
+    with pytest.raises(
+        ValueError, match="selector 'kmeans\\+\\+' option 'metric': expected one of 'kernel', 'euclidean', got 'cosine'"
+    ):
         _select(X, 3, metric="cosine")
-    with pytest.raises(ValueError, match="'n_local_trials': expected a positive integer"):
+    with pytest.raises(
+        ValueError, match="selector 'kmeans\\+\\+' option 'n_local_trials': expected an integer >= 1, got 0"
+    ):
         _select(X, 3, n_local_trials=0)
     with pytest.raises(ValueError, match="n_centers: expected 1 <= n_centers <= n_samples=10"):
         _select(X, 11)

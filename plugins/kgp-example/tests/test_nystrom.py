@@ -86,7 +86,9 @@ def test_duplicate_centers_give_the_deduplicated_solution(dtype, rtol):
 
 def test_bad_options_and_missing_centers():
     X, y, _ = _data()
-    with pytest.raises(ValueError, match="'rcond': expected None or a number in \\[0, 1\\)"):
+    with pytest.raises(
+        ValueError, match="solver 'nystrom-direct' option 'rcond': expected a finite number >= 0 and < 1 or None, got 2"
+    ):
         kgp.KernelRegressor(solver="nystrom-direct", centers=X[:10], solver_options={"rcond": 2}).fit(X, y)
     with pytest.raises(ValueError, match="unknown option.*valid options: rcond"):
         kgp.KernelRegressor(solver="nystrom-direct", solver_options={"tol": 1}).fit(X, y)

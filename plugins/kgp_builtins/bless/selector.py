@@ -1,0 +1,47 @@
+"""Adapter from kgp's center-selector contract to `bless` (Alg. 1) and `bless_r` (Alg. 2)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import kgp
+from kgp.plugin import Centers, SelectionRequest
+
+from .algorithms import bless, bless_r
+from .options import LAM_OPTION, declared_options
+from .result import BlessResult
+
+
+class _BlessFamilySelector:
+    """Selector running ``run`` (:func:`bless` or :func:`bless_r`) on a :class:`kgp.SelectionRequest`.
+
+    Its options are the keyword arguments of ``run`` besides ``n_centers`` and ``generator`` (taken
+    from the request), with ``run``'s defaults (:func:`.options.declared_options`), plus ``lam``.
+    """
+
+    def __init__(self, name: str, run: Callable[..., BlessResult]):
+        self.name = name
+        self._run = run
+        self.option_defaults: dict[str, kgp.Option] = {"lam": LAM_OPTION, **declared_options(run)}
+
+    def select(self, request: SelectionRequest) -> Centers:
+        # direct calls (tests) may pass partial or unchecked options; merging is idempotent
+        options: dict[str, Any] = kgp.merge_options(f"selector {self.name!r}", self.option_defaults, request.options)
+        lam = options.pop("lam")
+        result = self._run(
+            request.X,
+            request.kernel,
+            request.lam if lam is None else lam,
+            n_centers=request.n_centers,
+            generator=request.generator,
+            **options,
+        )
+        return result.to_centers(request.X)
+
+
+BlessSelector = _BlessFamilySelector("bless", bless)
+"""Selector ``bless``: :func:`bless` (Alg. 1) at ``request.lam`` (or the ``lam`` option)."""
+
+BlessRSelector = _BlessFamilySelector("bless-r", bless_r)
+"""Selector ``bless-r``: :func:`bless_r` (Alg. 2) at ``request.lam`` (or the ``lam`` option)."""
