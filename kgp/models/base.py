@@ -16,13 +16,29 @@ from torch import Tensor
 from ..kernels import KERNEL_SHORTCUTS, make_kernel
 from ..monitor import IterationInfo, Monitor
 from ..plugin import Centers, Problem, SelectionRequest, merge_options
-from ..registry import get_selector, get_solver
+from ..registry import UnknownPluginError, get_selector, get_solver
 from ..validation import check_n_centers, check_positive, resolve_dtype, to_tensor
 
 __all__ = ["BaseKernelModel"]
 
 DEFAULT_SOLVER = "exact"
 DEFAULT_SELECTOR = "uniform"
+
+
+def _get_plugin(getter: Callable[[str], Any], name: str, default: str, argument: str, kind: str) -> Any:
+    try:
+        return getter(name)
+    except UnknownPluginError as exc:
+        if name != default:
+            raise
+        # The user may not know the name came from a default (e.g. KGP_PLUGINS=falkon leaves it out).
+        raise UnknownPluginError(
+            f"{exc}. The default {kind} is {default!r}: pass {argument} explicitly to use another one"
+        ) from None
+
+
+def _default_selector() -> Any:
+    return _get_plugin(get_selector, DEFAULT_SELECTOR, DEFAULT_SELECTOR, "centers=<selector name or array>", "selector")
 
 
 class BaseKernelModel:
@@ -116,7 +132,7 @@ class BaseKernelModel:
             raise TypeError("callback: expected a callable taking an IterationInfo")
         dtype = resolve_dtype(self.dtype)
         device = torch.device(self.device) if self.device is not None else None
-        solver = get_solver(self.solver)
+        solver = _get_plugin(get_solver, self.solver, DEFAULT_SOLVER, "solver=<name>", "solver")
         options = merge_options(f"solver {self.solver!r}", solver.option_defaults, self.solver_options)
         if not solver.uses_centers and (self.centers is not None or self.n_centers is not None):
             raise ValueError(
@@ -125,6 +141,8 @@ class BaseKernelModel:
             )
         if isinstance(self.centers, str):
             get_selector(self.centers)  # unknown names fail before any work
+        elif self.centers is None and solver.uses_centers:
+            _default_selector()
         elif self.centers is not None and not isinstance(self.centers, (Tensor, np.ndarray, list)):
             raise TypeError(
                 f"centers: expected a selector name, an (M x d) array/tensor or None, got {type(self.centers).__name__}"
@@ -192,7 +210,7 @@ class BaseKernelModel:
             return None
         if self.centers is None or isinstance(self.centers, str):
             name = self.centers or DEFAULT_SELECTOR
-            selector = get_selector(name)
+            selector = get_selector(name) if self.centers else _default_selector()
             options = merge_options(f"selector {name!r}", selector.option_defaults, self.selector_options)
             request = SelectionRequest(
                 X=X,
