@@ -211,11 +211,14 @@ def merge_options(owner: str, defaults: Mapping[str, Any], given: Mapping[str, A
 
     Raises
     ------
+    TypeError
+        If ``given`` is not a mapping.
     ValueError
         Naming the unknown options and listing the valid ones.
     """
-    given = dict(given or {})
-    if not isinstance(given, dict):
+    if given is None:
+        given = {}
+    elif not isinstance(given, Mapping):  # checked before converting: dict() would accept a list of pairs
         raise TypeError(f"options for {owner}: expected a dict, got {type(given).__name__}")
     unknown = sorted(set(given) - set(defaults))
     if unknown:

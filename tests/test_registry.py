@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import kgp
+from kgp.plugin import merge_options
 from kgp.registry import LoadFailure, PluginConflictError, PluginLoadError, Registry, UnknownPluginError
 
 
@@ -172,6 +173,13 @@ def test_load_failure_prints_as_its_message():
     assert str(failure) == "kgp plugin 'p' failed" and f"FAILED: {failure}" == "FAILED: kgp plugin 'p' failed"
     with pytest.raises(AttributeError):
         failure.message = "changed"  # frozen: records of what happened
+
+
+def test_merge_options_checks_the_type_before_converting():
+    with pytest.raises(TypeError, match=r"^options for solver 'x': expected a dict, got list$"):
+        merge_options("solver 'x'", {"a": 1}, [("a", 2)])  # dict() would have accepted the pairs
+    assert merge_options("solver 'x'", {"a": 1}, types.MappingProxyType({"a": 2})) == {"a": 2}
+    assert merge_options("solver 'x'", {"a": 1}, None) == {"a": 1}
 
 
 def test_unknown_names_list_available():
