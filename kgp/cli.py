@@ -66,7 +66,17 @@ def _parser() -> argparse.ArgumentParser:
     pred.add_argument("--out", help="write predictions here (.csv or .npy); default: print a summary only")
     pred.set_defaults(func=_cmd_predict)
 
-    plugins = sub.add_parser("plugins", help="list installed solvers, selectors and predictor kinds")
+    plugins = sub.add_parser(
+        "plugins",
+        help="list installed solvers, selectors and predictor kinds; exit status 1 if a plugin failed to load "
+        "or two plugins register the same name",
+        description="List every usable solver, selector and predictor kind with the plugin (entry point) and "
+        "distribution that registered it. SHADOWED lines: a third party registers a built-in's name (the built-in "
+        "wins, the third party's registration is ignored); CONFLICT lines: two third parties register the same "
+        "name (unusable); FAILED lines: a plugin that was skipped. Exit status: 0 when there is none of these, "
+        "1 otherwise (so that CI and install scripts notice).",
+    )
+    plugins.add_argument("--traceback", action="store_true", help="print the traceback of each failed plugin")
     plugins.add_argument(
         "--options", metavar="NAME", default=None, help="print the options of the solver or selector NAME instead"
     )
@@ -242,17 +252,22 @@ def _cmd_plugins(args) -> int:
     if args.options is not None:
         return _print_options(args.options)
 
+    registry = kgp.registry.registry
     infos = kgp.list_plugins()
     rows = [("name", "kind", "plugin", "distribution", "version")]
     rows += [(i.name, i.kind, i.plugin, i.distribution or "(runtime)", i.version or "-") for i in infos]
     widths = [max(len(r[c]) for r in rows) for c in range(5)]
     for row in rows:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
-    for key, clash in kgp.registry.registry.conflicts.items():
-        print(f"CONFLICT: {key[0]} {key[1]!r} registered by " + " and ".join(i.origin for i in clash))
-    for failure in kgp.registry.registry.load_failures:
-        print(f"FAILED: {failure}")
-    return 0
+    problems = registry.problems()
+    for line in problems:
+        print(line)
+    if args.traceback:
+        for failure in registry.load_failures:
+            if failure.traceback:
+                print(f"\nTraceback of plugin {failure.plugin!r}:\n{failure.traceback.rstrip()}")
+    # Non-zero so that a broken install fails CI / install scripts instead of surfacing at first use.
+    return 1 if problems else 0
 
 
 def _print_options(name: str) -> int:

@@ -9,8 +9,10 @@ known to kgp through an entry point in the ``kgp`` group::
 
 kgp's own solvers and selectors register through exactly these hooks (they live in the
 ``kgp_builtins`` package, outside the core). Each hook receives a ``register`` callback; call it
-once per thing you provide. Names are global across all plugins: a name registered twice is an
-error that names both origins.
+once per thing you provide. Names are global across all plugins: a third party registering a
+built-in's name is ignored for that name (the built-in wins), two third parties registering the same
+name make it unusable, with an error naming both origins. A decorated function whose name is none
+of the hooks below (e.g. ``register_solver``) makes kgp skip the plugin, naming the closest hook.
 """
 
 from __future__ import annotations

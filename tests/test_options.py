@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import kgp
+from kgp.cli import main
 from kgp.options import InvalidOptionError, Option, describe_options, merge_options
 
 DECLARED = {
@@ -68,3 +70,21 @@ def test_describe_options_rows():
     rows = {r[0]: r for r in describe_options(DECLARED)}
     assert rows["maxiter"] == ("maxiter", "20", "an integer >= 1", "iterations")
     assert rows["plain"][2] == "any value (not declared)"
+
+
+def test_builtin_options_are_declared_and_checked_before_work():
+    X = np.random.default_rng(0).normal(size=(50, 2))
+    y = X[:, 0]
+    for solver, bad in (("falkon", {"maxiter": 0}), ("eigenpro", {"epochs": -1}), ("dsg", {"batch_size": 0})):
+        with pytest.raises(InvalidOptionError, match=f"solver '{solver}' option"):
+            kgp.KernelRegressor(solver=solver, solver_options=bad).fit(X, y)
+    with pytest.raises(InvalidOptionError, match="selector 'bless' option 'q'"):
+        kgp.KernelRegressor(solver="falkon", centers="bless", selector_options={"q": 0.5}).fit(X, y)
+
+
+def test_cli_prints_options(capsys):
+    assert main(["plugins", "--options", "falkon"]) == 0
+    out = capsys.readouterr().out
+    assert "solver 'falkon'" in out and "maxiter" in out and "an integer >= 1" in out
+    assert main(["plugins", "--options", "nope"]) == 1
+    assert "no solver or selector named 'nope'" in capsys.readouterr().err

@@ -1,5 +1,6 @@
 """Plugin registry: runtime registration, conflicts, broken plugins, entry-point switches."""
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -10,7 +11,8 @@ import pytest
 import torch
 
 import kgp
-from kgp.registry import PluginConflictError, Registry, UnknownPluginError
+from kgp.plugin import merge_options
+from kgp.registry import LoadFailure, PluginConflictError, PluginLoadError, Registry, UnknownPluginError
 
 
 class ScaledExact:
@@ -74,6 +76,112 @@ def test_duplicate_with_builtin_is_refused():
     assert type(kgp.get_solver("exact")).__name__ == "ExactSolver"
 
 
+def test_reregistering_a_taken_plugin_name_is_refused_by_kgp():
+    name = kgp.register(_plugin("taken_plugin", "taken-solver"))
+    try:
+        with pytest.raises(PluginConflictError) as info:
+            kgp.register(_plugin("other_module", "other-solver"), name="taken_plugin")
+        assert str(info.value) == (
+            "a plugin named 'taken_plugin' is already registered (registered at runtime); "
+            "call kgp.unregister('taken_plugin') first, or pass another name="
+        )
+        assert "other-solver" not in kgp.registry.registry.names("solver")
+        module = kgp.registry.registry.pm.get_plugin(name)
+        with pytest.raises(PluginConflictError, match=r"already registered as 'taken_plugin'.*kgp.unregister"):
+            kgp.register(module, name="same_object_again")
+    finally:
+        kgp.unregister(name)
+
+
+def _misspelt_plugin(name):
+    module = _plugin(name, "misspelt-solver")  # a valid hook too: the whole plugin must still be refused
+
+    @kgp.hookimpl
+    def register_selector(register):
+        register("never-selector", object())
+
+    module.register_selector = register_selector
+    return module
+
+
+def test_runtime_plugin_with_a_misspelt_hook_is_refused_with_the_closest_hook():
+    with pytest.raises(PluginLoadError) as info:
+        kgp.register(_misspelt_plugin("misspelt_plugin"))
+    assert str(info.value) == (
+        "kgp plugin 'misspelt_plugin' implements hook 'register_selector' (did you mean 'register_selectors'?), "
+        "which kgp does not define (kgp's hooks: register_solvers, register_selectors, register_predictors) "
+        "and was not registered"
+    )
+    assert info.value.failure.stage == "unknown-hook" and info.value.__cause__ is None
+    # nothing kept: neither its valid hook's names nor its plugin name
+    assert "misspelt-solver" not in kgp.registry.registry.names("solver")
+    assert not kgp.registry.registry.pm.has_plugin("misspelt_plugin")
+    assert not hasattr(kgp.registry.registry.pm.hook, "register_selector") or not (
+        kgp.registry.registry.pm.hook.register_selector.get_hookimpls()
+    )
+    kgp.unregister(kgp.register(_plugin("misspelt_plugin", "misspelt-solver")))  # the name is free
+
+
+def _raising_plugin(name):
+    module = types.ModuleType(name)
+
+    @kgp.hookimpl
+    def register_solvers(register):
+        register("half-registered", ScaledExact())
+        raise KeyError("missing setting")
+
+    module.register_solvers = register_solvers
+    return module
+
+
+def test_runtime_plugin_whose_hook_raises_is_refused_and_its_name_freed():
+    with pytest.raises(PluginLoadError) as info:
+        kgp.register(_raising_plugin("raising_plugin"))
+    assert str(info.value) == (
+        "kgp plugin 'raising_plugin' raised in register_solvers and was not registered: KeyError: 'missing setting'"
+    )
+    assert isinstance(info.value.__cause__, KeyError)
+    failure = info.value.failure
+    assert failure.stage == "hook" and failure.names == (("solver", "half-registered"),)
+    assert "KeyError: 'missing setting'" in failure.traceback and "register_solvers" in failure.traceback
+    with pytest.raises(UnknownPluginError, match="unknown solver 'half-registered'"):
+        kgp.get_solver("half-registered")  # nothing it registered before raising was kept
+    # The fixed plugin registers under the same name (pluggy's raw "Plugin name already registered" before).
+    name = kgp.register(_plugin("raising_plugin", "half-registered"))
+    try:
+        assert name == "raising_plugin" and isinstance(kgp.get_solver("half-registered"), ScaledExact)
+    finally:
+        kgp.unregister(name)
+
+
+def test_runtime_plugin_with_a_bad_hook_signature_is_refused_and_its_name_freed():
+    module = types.ModuleType("badsig_plugin")
+
+    @kgp.hookimpl
+    def register_solvers(register, unexpected_argument):
+        pass
+
+    module.register_solvers = register_solvers
+    with pytest.raises(PluginLoadError, match=r"'badsig_plugin' has a hook implementation pluggy rejects") as info:
+        kgp.register(module)
+    assert info.value.failure.stage == "validation" and "unexpected_argument" in str(info.value)
+    assert not kgp.registry.registry.pm.has_plugin("badsig_plugin")
+
+
+def test_load_failure_prints_as_its_message():
+    failure = LoadFailure("p", "d", "import", "ImportError: x", "kgp plugin 'p' failed", "Traceback ...")
+    assert str(failure) == "kgp plugin 'p' failed" and f"FAILED: {failure}" == "FAILED: kgp plugin 'p' failed"
+    with pytest.raises(AttributeError):
+        failure.message = "changed"  # frozen: records of what happened
+
+
+def test_merge_options_checks_the_type_before_converting():
+    with pytest.raises(TypeError, match=r"^options for solver 'x': expected a dict, got list$"):
+        merge_options("solver 'x'", {"a": 1}, [("a", 2)])  # dict() would have accepted the pairs
+    assert merge_options("solver 'x'", {"a": 1}, types.MappingProxyType({"a": 2})) == {"a": 2}
+    assert merge_options("solver 'x'", {"a": 1}, None) == {"a": 1}
+
+
 def test_unknown_names_list_available():
     with pytest.raises(UnknownPluginError, match=r"unknown solver 'nope'; available solvers: .*exact"):
         kgp.get_solver("nope")
@@ -95,13 +203,19 @@ def _fake_distribution(root, dist, entry_points, modules):
         (root / f"{module}.py").write_text(textwrap.dedent(source))
 
 
-def _run(code, path, **env):
-    import os
-
+def _env_for(path, **env):
+    """The test environment minus kgp's switches, with ``path`` and this checkout (kgp, built-ins) importable."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("KGP_")}
     full_env.update(env)
-    full_env["PYTHONPATH"] = str(path)
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=120)
+    full_env["PYTHONPATH"] = os.pathsep.join([str(path), repo, os.path.join(repo, "plugins")])
+    return full_env
+
+
+def _run(code, path, **env):
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=_env_for(path, **env), timeout=120
+    )
 
 
 def test_entry_points_broken_plugin_and_switches(tmp_path):
@@ -148,13 +262,10 @@ def test_entry_points_broken_plugin_and_switches(tmp_path):
         [sys.executable, "-m", "kgp", "plugins"],
         capture_output=True,
         text=True,
-        env={
-            **{k: v for k, v in __import__("os").environ.items() if not k.startswith("KGP_")},
-            "PYTHONPATH": str(tmp_path),
-        },
+        env=_env_for(tmp_path),
         timeout=120,
     )
-    assert listing.returncode == 0, listing.stderr
+    assert listing.returncode == 1, listing.stderr  # a plugin failed to load: `kgp plugins` says so by its status
     row = next(line for line in listing.stdout.splitlines() if line.startswith("good-solver"))
     assert "good-dist" in row and "1.2.3" in row
     assert "FAILED" in listing.stdout and "broken" in listing.stdout
@@ -182,8 +293,6 @@ def test_entry_point_name_clash_reports_both_distributions(tmp_path):
         "    print('ERR', e)\n"
         "print('EXACT', kgp.get_solver('exact') is not None)\n"
     )
-    import os
-
     path = f"{tmp_path / 'a'}{os.pathsep}{tmp_path / 'b'}"
     out = _run(code, path)
     assert out.returncode == 0, out.stderr

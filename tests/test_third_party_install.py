@@ -15,11 +15,15 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import kgp
+from kgp.cli import main
+from kgp.registry import PluginConflictError, Registry, UnknownPluginError
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "plugins" / "kgp-example"
@@ -213,10 +217,13 @@ SHADOW_EXACT = """
     import kgp
     from kgp_builtins.exact import ExactSolver
 
+    class ShadowExact(ExactSolver):
+        pass
+
     @kgp.hookimpl
     def register_solvers(register):
-        register("exact", ExactSolver())        # clashes with kgp's built-in
-        register("shadow-only", ExactSolver())  # unique: stays usable
+        register("exact", ShadowExact())        # clashes with kgp's built-in
+        register("shadow-only", ShadowExact())  # unique: stays usable
 """
 
 REPORT = """
@@ -237,38 +244,44 @@ for name in ("exact", "shadow-only"):
         out[name] = "ok"
     except ValueError as exc:  # PluginConflictError and UnknownPluginError are ValueErrors
         out[name] = type(exc).__name__ + ": " + str(exc)
-out["failures"] = kgp.registry.registry.load_failures
-main(["plugins"])  # the `kgp plugins` listing, in the same process
+if out["exact"] == "ok":
+    out["exact_class"] = type(kgp.get_solver("exact")).__name__
+out["failures"] = [str(f) for f in kgp.registry.registry.load_failures]
+out["plugins_status"] = main(["plugins"])  # the `kgp plugins` listing, in the same process
 print(json.dumps(out))
 """
 
 
 def _report(site: Path, cwd: Path, **switches: str) -> tuple[dict, str]:
     """Run REPORT with ``site`` on the path; return its JSON and the `kgp plugins` listing above it."""
-    lines = _ok(_python(["-c", REPORT], _env(site, **switches), cwd)).splitlines()
+    # This checkout's kgp and built-ins, not whichever copy the environment has installed.
+    env = _env(site, REPO, REPO / "plugins", **switches)
+    lines = _ok(_python(["-c", REPORT], env, cwd)).splitlines()
     return json.loads(lines[-1]), "\n".join(lines[:-1])
 
 
-def test_name_clash_with_a_builtin_names_both_distributions(tmp_path):
+def test_third_party_registering_a_builtin_name_is_ignored_and_the_builtin_wins(tmp_path):
     site = tmp_path / "site"
     _fake_dist(site, "kgp-shadow", "9.9", {"shadow": "kgp_shadow"}, {"kgp_shadow": SHADOW_EXACT})
     out, listing = _report(site, tmp_path)
+    # Policy (issue 11): built-ins win. Before, the clash made `exact` unusable for everyone.
     expected = (
-        f"solver name 'exact' is registered twice: by plugin 'exact' from distribution kgp {kgp.__version__} "
-        "and plugin 'shadow' from distribution kgp-shadow 9.9; uninstall or disable one of them"
+        "solver name 'exact' of plugin 'shadow' from distribution kgp-shadow 9.9 is ignored: kgp's built-in "
+        f"plugin 'exact' from distribution kgp {kgp.__version__} has that name and built-ins win; rename the "
+        "solver in kgp-shadow's register_solvers, or uninstall kgp-shadow"
     )
     assert out["warnings"] == [expected]  # warned once, at discovery
-    assert out["exact"] == "PluginConflictError: " + expected  # refused when used, never silently picked
+    assert out["exact"] == "ok" and out["exact_class"] == "ExactSolver"  # kgp's own, not the subclass
     assert out["shadow-only"] == "ok"  # the plugin's other names work
-    assert (
-        f"CONFLICT: solver 'exact' registered by plugin 'exact' from distribution kgp {kgp.__version__} "
-        "and plugin 'shadow' from distribution kgp-shadow 9.9"
-    ) in listing
-    # The documented ways out: list the entry points to load, or load kgp's own only.
+    assert f"SHADOWED: {expected}" in listing and "CONFLICT" not in listing
+    assert _rows(listing)["exact"][3] == "kgp" and _rows(listing)["shadow-only"][3] == "kgp-shadow"
+    assert out["plugins_status"] == 1  # `kgp plugins` fails so that CI notices the shadowing
+    # Without the third party: no warning, clean status.
     for switch in ({"KGP_PLUGINS": "exact,uniform"}, {"KGP_DISABLE_ENTRYPOINTS": "1"}):
         fixed, listing = _report(site, tmp_path, **switch)
-        assert fixed["exact"] == "ok" and fixed["warnings"] == [] and "CONFLICT" not in listing, switch
+        assert fixed["exact"] == "ok" and fixed["warnings"] == [] and "SHADOWED" not in listing, switch
         assert fixed["shadow-only"].startswith("UnknownPluginError: unknown solver 'shadow-only'")
+        assert fixed["plugins_status"] == 0
 
 
 def test_broken_plugins_are_skipped_and_blame_their_distribution(tmp_path):
@@ -293,6 +306,7 @@ def test_broken_plugins_are_skipped_and_blame_their_distribution(tmp_path):
     for message in expected:
         assert f"FAILED: {message}" in listing
     assert "exact" in _rows(listing)
+    assert out["plugins_status"] == 1
 
 
 RAISES_IN_HOOK = """
@@ -326,3 +340,222 @@ def test_plugin_failing_after_import_is_skipped_and_blamed(tmp_path):
     for plugin in ("raises", "badsig"):
         assert any(f"'{plugin}'" in w and "kgp-badhook" in w for w in out["warnings"]), plugin
         assert any(f"'{plugin}'" in f and "kgp-badhook" in f for f in out["failures"]), plugin
+
+
+# ---------------------------------------------------------------------------------------------
+# Plugin mistakes, discovered in this process: a fresh Registry over a fake site folder (no
+# interpreter start-up per case). KGP_PLUGINS pins the entry points, whatever else is installed.
+# ---------------------------------------------------------------------------------------------
+@pytest.fixture
+def fresh(tmp_path, monkeypatch):
+    """``(site, make)``: put fake distributions in ``site``; ``make(**env)`` installs a fresh global registry."""
+    site = tmp_path / "site"
+    site.mkdir()
+    monkeypatch.syspath_prepend(str(site))
+    for var in ("KGP_DISABLE_ENTRYPOINTS", "KGP_PLUGINS"):
+        monkeypatch.delenv(var, raising=False)
+
+    def make(**env: str) -> tuple[Registry, list[str]]:
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        reg = Registry()
+        monkeypatch.setattr(kgp.registry, "registry", reg)  # what get_solver, the models and the CLI use
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            reg.infos()  # discovery
+        return reg, [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+
+    return site, make
+
+
+def _plugins_command(capsys, *args: str) -> tuple[int, str]:
+    status = main(["plugins", *args])
+    return status, capsys.readouterr().out
+
+
+MISSPELT_HOOK = """
+    import kgp
+    from kgp_builtins.exact import ExactSolver
+
+    @kgp.hookimpl
+    def register_solver(register):  # the hook is register_solvers
+        register("typo-solver", ExactSolver())
+"""
+
+
+def test_entry_point_with_a_misspelt_hook_is_skipped_naming_the_closest_hook(fresh, capsys):
+    site, make = fresh
+    _fake_dist(site, "kgp-typo", "0.3", {"typo": "kgp_t_typo"}, {"kgp_t_typo": MISSPELT_HOOK})
+    reg, warned = make(KGP_PLUGINS="exact,typo")
+    expected = (
+        "kgp plugin 'typo' (entry point 'kgp_t_typo' of distribution kgp-typo) implements hook 'register_solver' "
+        "(did you mean 'register_solvers'?), which kgp does not define (kgp's hooks: register_solvers, "
+        "register_selectors, register_predictors) and was skipped"
+    )
+    assert warned == [expected]
+    [failure] = reg.load_failures
+    assert (failure.plugin, failure.distribution, failure.stage, str(failure)) == (
+        "typo",
+        "kgp-typo",
+        "unknown-hook",
+        expected,
+    )
+    assert not reg.pm.has_plugin("typo")
+    with pytest.raises(UnknownPluginError) as info:
+        kgp.get_solver("typo-solver")  # its names are unknown: the note points at the failed plugin
+    assert str(info.value).startswith(
+        "unknown solver 'typo-solver'; available solvers: exact; note: these plugins failed to load and may "
+        "provide it: plugin 'typo' from distribution kgp-typo (see `kgp plugins`)"
+    )
+    status, listing = _plugins_command(capsys)
+    assert status == 1 and f"FAILED: {expected}" in listing
+
+
+CLASH = """
+    import kgp
+    from kgp_builtins.exact import ExactSolver
+
+    @kgp.hookimpl
+    def register_solvers(register):
+        register("clash-solver", ExactSolver())
+        register("{own}", ExactSolver())
+"""
+
+
+def test_two_third_parties_clashing_leave_the_name_unusable_and_unlisted(fresh, capsys):
+    site, make = fresh
+    for letter in "ab":
+        module = f"kgp_t_clash_{letter}"
+        _fake_dist(site, f"dist-{letter}", "1.0", {letter: module}, {module: CLASH.format(own=f"{letter}-only")})
+    reg, warned = make(KGP_PLUGINS="exact,a,b")
+    expected = (
+        "solver name 'clash-solver' is registered twice: by plugin 'a' from distribution dist-a 1.0 and plugin 'b' "
+        "from distribution dist-b 1.0; it is unusable until you uninstall one of them or leave one out with KGP_PLUGINS"
+    )
+    assert warned == [expected]
+    with pytest.raises(PluginConflictError) as info:
+        kgp.get_solver("clash-solver")
+    assert str(info.value) == expected
+    assert reg.names("solver") == ["a-only", "b-only", "exact"]  # never the unusable name
+    assert "clash-solver" not in [i.name for i in kgp.list_plugins()]
+    with pytest.raises(UnknownPluginError) as unknown:
+        kgp.get_solver("nope")
+    assert "available solvers: a-only, b-only, exact;" in str(unknown.value)
+    assert reg.conflicts == {("solver", "clash-solver"): reg.conflicts[("solver", "clash-solver")]}
+    assert [i.plugin for i in reg.conflicts[("solver", "clash-solver")]] == ["a", "b"] and reg.shadowed == {}
+    status, listing = _plugins_command(capsys)
+    assert status == 1 and f"CONFLICT: {expected}" in listing and "clash-solver" not in _rows(listing)
+
+
+FRAGILE_IMPORT = """
+    raise ImportError("missing dependency xyz")
+"""
+
+FRAGILE_HOOK = """
+    import kgp
+    from kgp_builtins.exact import ExactSolver
+
+    @kgp.hookimpl
+    def register_solvers(register):
+        register("half-solver", ExactSolver())
+        raise ValueError("bad configuration")
+"""
+
+
+def test_names_of_plugins_that_failed_to_load_say_so_with_the_traceback_kept(fresh, capsys):
+    site, make = fresh
+    _fake_dist(
+        site,
+        "kgp-fragile",
+        "2.0",
+        {"broken": "kgp_t_broken", "half": "kgp_t_half"},
+        {"kgp_t_broken": FRAGILE_IMPORT, "kgp_t_half": FRAGILE_HOOK},
+    )
+    reg, warned = make(KGP_PLUGINS="exact,broken,half")
+    assert len(warned) == 2
+    broken, half = reg.load_failures
+    assert (broken.plugin, broken.stage, broken.error) == ("broken", "import", "ImportError: missing dependency xyz")
+    assert (half.plugin, half.stage, half.names) == ("half", "hook", (("solver", "half-solver"),))
+    assert 'raise ImportError("missing dependency xyz")' in broken.traceback and "kgp_t_broken.py" in broken.traceback
+    assert 'raise ValueError("bad configuration")' in half.traceback
+    assert str(half) == (
+        "kgp plugin 'half' (entry point 'kgp_t_half' of distribution kgp-fragile) raised in register_solvers and "
+        "was skipped: ValueError: bad configuration"
+    )
+    # The entry point named like the solver, and a plugin that registered the name before raising:
+    with pytest.raises(UnknownPluginError) as info:
+        kgp.get_solver("broken")
+    assert str(info.value) == (
+        "solver 'broken' is unavailable: plugin 'broken' from distribution kgp-fragile failed to load: ImportError: "
+        "missing dependency xyz (traceback: `kgp plugins --traceback`); available solvers: exact"
+    )
+    with pytest.raises(UnknownPluginError, match=r"^solver 'half-solver' is unavailable: plugin 'half' from "):
+        kgp.get_solver("half-solver")
+    status, listing = _plugins_command(capsys, "--traceback")
+    assert status == 1 and f"FAILED: {half}" in listing
+    assert "Traceback of plugin 'broken':" in listing and "kgp_t_broken.py" in listing
+
+
+def test_kgp_plugins_without_the_defaults_says_how_to_fix_it(fresh):
+    _, make = fresh
+    _, warned = make(KGP_PLUGINS="falkon")
+    assert warned == []
+    X = np.linspace(0, 1, 30)[:, None]
+    with pytest.raises(UnknownPluginError) as info:
+        kgp.KernelRegressor().fit(X, X[:, 0])  # solver="exact" by default
+    assert str(info.value) == (
+        "solver 'exact' is not loaded: KGP_PLUGINS=falkon does not list the entry point 'exact' (distribution kgp) "
+        "that provides it; add it (KGP_PLUGINS=falkon,exact) or unset KGP_PLUGINS; available solvers: falkon. "
+        "The default solver is 'exact': pass solver=<name> explicitly to use another one"
+    )
+    with pytest.raises(UnknownPluginError) as info:
+        kgp.KernelRegressor(solver="falkon", n_centers=10).fit(X, X[:, 0])  # centers="uniform" by default
+    assert str(info.value) == (
+        "selector 'uniform' is not loaded: KGP_PLUGINS=falkon does not list the entry point 'uniform' (distribution "
+        "kgp) that provides it; add it (KGP_PLUGINS=falkon,uniform) or unset KGP_PLUGINS; available selectors: "
+        "(none). The default selector is 'uniform': pass centers=<selector name or array> explicitly to use another "
+        "one"
+    )
+    # An explicit selector array works without any selector plugin.
+    kgp.KernelRegressor(solver="falkon", centers=X[:10]).fit(X, X[:, 0])
+
+
+def test_kgp_plugins_naming_no_installed_entry_point_warns(fresh):
+    _, make = fresh
+    reg, warned = make(KGP_PLUGINS="exact,falcon")
+    [message] = warned
+    assert message.startswith(
+        "KGP_PLUGINS=exact,falcon lists 'falcon', which is not an installed kgp entry point (did you mean "
+        "'falkon'?); installed entry points: "
+    )
+    assert {"exact", "falkon", "uniform"} <= set(message.split("installed entry points: ")[1].split(", "))
+    assert reg.names("solver") == ["exact"] and reg.load_failures == []
+
+
+def test_disabled_entry_points_explain_a_missing_third_party_name(fresh):
+    site, make = fresh
+    _fake_dist(site, "kgp-extra", "0.1", {"extra": "kgp_t_extra"}, {"kgp_t_extra": CLASH.format(own="extra")})
+    make(KGP_DISABLE_ENTRYPOINTS="1")
+    with pytest.raises(UnknownPluginError) as info:
+        kgp.get_solver("extra")
+    assert str(info.value).startswith(
+        "solver 'extra' is not loaded: KGP_DISABLE_ENTRYPOINTS=1 loads only kgp's own plugins, not the entry point "
+        "'extra' (distribution kgp-extra) that provides it; unset KGP_DISABLE_ENTRYPOINTS to use it; available "
+        "solvers: "
+    )
+
+
+def test_an_entry_point_name_declared_by_two_distributions_loads_once(fresh):
+    site, make = fresh
+    for letter in "ab":
+        module = f"kgp_t_dup_{letter}"
+        _fake_dist(site, f"dup-{letter}", "1.0", {"dup": module}, {module: CLASH.format(own=f"dup-{letter}")})
+    reg, warned = make(KGP_PLUGINS="dup")
+    [failure] = reg.load_failures
+    loaded = reg.get("solver", "clash-solver").distribution
+    skipped = {"dup-a": "dup-b", "dup-b": "dup-a"}[loaded]
+    assert (failure.plugin, failure.distribution, failure.stage) == ("dup", skipped, "duplicate-name")
+    assert warned == [str(failure)] and f"distribution {loaded} already declares an entry point named 'dup'" in (
+        str(failure)
+    )
+    assert reg.names("solver") == sorted(["clash-solver", loaded])

@@ -9,7 +9,7 @@ __all__ = ["KERNEL_SHORTCUTS", "make_kernel"]
 KERNEL_SHORTCUTS = ("rbf", "gaussian", "laplacian", "matern12", "matern32", "matern52", "linear")
 
 
-def make_kernel(name: str, lengthscale: float | None = 1.0, *, n_features: int | None = None):
+def make_kernel(name: str, lengthscale: float | None = 1.0):
     """Return a GPyTorch kernel for a shortcut name.
 
     Parameters
@@ -20,8 +20,6 @@ def make_kernel(name: str, lengthscale: float | None = 1.0, *, n_features: int |
         ``"matern32"``, ``"matern52"``; ``"linear"``: x . z (``lengthscale`` is ignored).
     lengthscale:
         Positive lengthscale (sigma in the papers); ``None`` keeps GPyTorch's initial value.
-    n_features:
-        Unused unless ARD is wanted later; kept for a stable signature.
 
     Raises
     ------

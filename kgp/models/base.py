@@ -51,6 +51,22 @@ class _FitSetup:
     device: torch.device | None
 
 
+def _get_plugin(getter: Callable[[str], Any], name: str, default: str, argument: str, kind: str) -> Any:
+    try:
+        return getter(name)
+    except UnknownPluginError as exc:
+        if name != default:
+            raise
+        # The user may not know the name came from a default (e.g. KGP_PLUGINS=falkon leaves it out).
+        raise UnknownPluginError(
+            f"{exc}. The default {kind} is {default!r}: pass {argument} explicitly to use another one"
+        ) from None
+
+
+def _default_selector() -> Any:
+    return _get_plugin(get_selector, DEFAULT_SELECTOR, DEFAULT_SELECTOR, "centers=<selector name or array>", "selector")
+
+
 class BaseKernelModel:
     """Parameters and fitting logic shared by :class:`KernelRegressor` and :class:`KernelClassifier`.
 
@@ -146,7 +162,7 @@ class BaseKernelModel:
             raise TypeError("callback: expected a callable taking an IterationInfo")
         dtype = resolve_dtype(self.dtype)
         device = torch.device(self.device) if self.device is not None else None
-        solver = get_solver(self.solver)
+        solver = _get_plugin(get_solver, self.solver, DEFAULT_SOLVER, "solver=<name>", "solver")
         solver_options = merge_options(f"solver {self.solver!r}", solver.option_defaults, self.solver_options)
         selector_name, selector, selector_options = None, None, {}
         if not solver.uses_centers:
@@ -157,7 +173,7 @@ class BaseKernelModel:
                 )
         elif self.centers is None or isinstance(self.centers, str):
             selector_name = self.centers or DEFAULT_SELECTOR
-            selector = get_selector(selector_name)
+            selector = get_selector(selector_name) if self.centers else _default_selector()
             selector_options = merge_options(
                 f"selector {selector_name!r}", selector.option_defaults, self.selector_options
             )
