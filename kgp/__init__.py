@@ -12,6 +12,7 @@ Solvers and center selectors are plugins picked by name (``kgp plugins`` lists t
 
 from . import settings
 from ._version import __version__
+from .diagnostics import ConvergenceWarning, DivergenceError
 from .hookspecs import hookimpl
 from .models import KernelClassifier, KernelRegressor, load
 from .monitor import IterationInfo, Monitor
@@ -23,6 +24,8 @@ from .registry import get_selector, get_solver, list_plugins, register, unregist
 
 __all__ = [
     "Centers",
+    "ConvergenceWarning",
+    "DivergenceError",
     "IterationInfo",
     "KernelClassifier",
     "KernelExpansion",
