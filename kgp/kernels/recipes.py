@@ -134,18 +134,27 @@ class KernelRecipe:
             return torch.cat([x, torch.ones_like(x[:, :1])], dim=1)
         raise RuntimeError(f"family {self.family!r} has no fast path")
 
-    def fill(self, rows: Tensor, cols: Tensor, out: Tensor, spare: Tensor | None = None) -> Tensor:
+    def fill(
+        self, rows: Tensor, cols: Tensor, out: Tensor, spare: Tensor | None = None, exponent: Tensor | None = None
+    ) -> Tensor:
         """Write the *unscaled* kernel block k(rows, cols) into ``out`` (in place).
 
         ``rows`` and ``cols`` come from :meth:`prepare_rows` / :meth:`prepare_cols`; ``spare`` is a
-        second buffer of ``out``'s shape for the Matern 3/2 and 5/2 families.
+        second buffer of ``out``'s shape for the Matern 3/2 and 5/2 families. When ``rows`` / ``cols``
+        are wider than ``out`` (float64 distances for a float32 block), the GEMM runs in their dtype
+        into ``exponent`` (a buffer of ``out``'s shape in that dtype) and is rounded into ``out``
+        once, before the nonlinearity.
 
         The exponent is floored at :data:`EXP_FLOOR` (in the same pass as the clamp that removes
         rounding noise): ``exp`` of arguments whose result is denormal or underflows ran 20-70x
         slower on the development CPU, and flush-to-zero did not help (docs/backend.md). Entries
         below ``exp(EXP_FLOOR)`` (1.8e-35 in float32, 1e-304 in float64) become that value.
         """
-        torch.mm(rows, cols.T, out=out)
+        if rows.dtype != out.dtype:
+            torch.mm(rows, cols.T, out=exponent)
+            out.copy_(exponent)
+        else:
+            torch.mm(rows, cols.T, out=out)
         family = self.family
         if family == "linear":
             return out

@@ -31,9 +31,20 @@ __all__ = ["KernelOperator", "kernel_operator"]
 _SUPPORTED_DTYPES = (torch.float32, torch.float64)
 # Block-sized temporaries alive at once in the differentiable path (kept by autograd per block).
 _GRAD_BUFFERS = 8
+# fused_matmul(accumulate=float64): rows summed in the block's dtype before the wider sum. FALKON's CG on
+# UCI keggdirected (float32, M = 2,000, 30 iterations) reached a true relative residual of 3.35e-3 with
+# exact sums, 3.31e-3 with runs of 8 rows, 3.7e-3 with 16, 5.8e-3 with 32 and 3.7e-2 with 128
+# (docs/solvers/falkon.md, "float32").
+_ACCUMULATE_ROWS = 8
 
 
-def kernel_operator(kernel: gpytorch.kernels.Kernel, x1: Tensor, x2: Tensor | None = None) -> KernelOperator:
+def kernel_operator(
+    kernel: gpytorch.kernels.Kernel,
+    x1: Tensor,
+    x2: Tensor | None = None,
+    *,
+    distance_dtype: torch.dtype | None = None,
+) -> KernelOperator:
     """Build the lazy kernel matrix ``K(x1, x2)`` for any GPyTorch kernel.
 
     Parameters
@@ -46,6 +57,14 @@ def kernel_operator(kernel: gpytorch.kernels.Kernel, x1: Tensor, x2: Tensor | No
         Row inputs, ``n x d`` (float32 or float64, any device).
     x2:
         Column inputs, ``m x d``; ``None`` means ``x1`` (a square, symmetric operator).
+    distance_dtype:
+        Precision of the one GEMM of the fast path (the squared distances, i.e. the exponent of
+        RBF / Matern kernels, or the inner products of Linear / Polynomial ones). None: the input
+        dtype. ``torch.float64`` with float32 inputs keeps the blocks, the nonlinearity and all
+        products in float32 but computes the exponent from float64 inputs: with small (ARD)
+        lengthscales the float32 exponent ``u.v - |u|^2/2 - |v|^2/2`` cancels terms of size
+        ``|x / lengthscale|^2`` and loses up to 1e-3 relative accuracy in the kernel values
+        (docs/backend.md, "Precision"); float64 distances bring it back to ~1e-7.
 
     Returns
     -------
@@ -67,9 +86,11 @@ def kernel_operator(kernel: gpytorch.kernels.Kernel, x1: Tensor, x2: Tensor | No
         if x.dtype not in _SUPPORTED_DTYPES:
             raise TypeError(f"kernel_operator: {name} must be float32 or float64, got {x.dtype}")
     x2 = x1 if x2 is None else x2
+    if distance_dtype is not None and distance_dtype not in _SUPPORTED_DTYPES:
+        raise TypeError(f"kernel_operator: distance_dtype must be None, float32 or float64, got {distance_dtype}")
     recipe, hypers = recipe_for(kernel)
     hypers = tuple(h.to(device=x1.device, dtype=x1.dtype) for h in hypers)
-    return KernelOperator(x1, x2, *hypers, kernel=kernel, recipe=recipe)
+    return KernelOperator(x1, x2, *hypers, kernel=kernel, recipe=recipe, distance_dtype=distance_dtype)
 
 
 def _signature(*tensors: Tensor) -> tuple:
@@ -109,6 +130,8 @@ class KernelOperator(LinearOperator):
     cache:
         Prepared inputs, buffers and the stored K of another operator on the same tensors (used
         when linear_operator rebuilds the operator; ignored if the tensors differ).
+    distance_dtype:
+        Precision of the fast path's GEMM (see :func:`kernel_operator`); None: the input dtype.
     """
 
     def __init__(
@@ -121,6 +144,7 @@ class KernelOperator(LinearOperator):
         transposed: bool = False,
         batch_shape: tuple[int, ...] = (),
         cache: dict | None = None,
+        distance_dtype: torch.dtype | None = None,
     ):
         if x1.dim() != 2 or x2.dim() != 2:
             raise ValueError(
@@ -135,7 +159,9 @@ class KernelOperator(LinearOperator):
                 f"and {x2.dtype}/{x2.device}"
             )
         batch_shape = tuple(int(s) for s in batch_shape)
-        key = _signature(x1, x2, *hypers)
+        if distance_dtype == x1.dtype:
+            distance_dtype = None
+        key = (_signature(x1, x2, *hypers), distance_dtype)
         if cache is None or cache.get("key") != key:
             cache = {"key": key}
         # The cache travels as a kwarg: linear_operator rebuilds the operator from its representation
@@ -150,6 +176,7 @@ class KernelOperator(LinearOperator):
             transposed=transposed,
             batch_shape=batch_shape,
             cache=cache,
+            distance_dtype=distance_dtype,
         )
         self.x1 = x1
         self.x2 = x2
@@ -158,6 +185,7 @@ class KernelOperator(LinearOperator):
         self.recipe = recipe
         self.transposed = transposed
         self.batch_shape_ = batch_shape
+        self.distance_dtype = distance_dtype
         self._cache: dict = cache
 
     def _view(self, *, transposed: bool | None = None, batch_shape: tuple[int, ...] | None = None) -> KernelOperator:
@@ -171,6 +199,7 @@ class KernelOperator(LinearOperator):
             transposed=self.transposed if transposed is None else transposed,
             batch_shape=self.batch_shape_ if batch_shape is None else batch_shape,
             cache=self._cache,
+            distance_dtype=self.distance_dtype,
         )
         return out
 
@@ -211,13 +240,23 @@ class KernelOperator(LinearOperator):
         if not self.recipe.is_stationary:
             return None
         if "center" not in self._cache:
-            self._cache["center"] = self.x2.detach().mean(dim=0, keepdim=True)
+            self._cache["center"] = self._in_distance_dtype(self.x2.detach()).mean(dim=0, keepdim=True)
         return self._cache["center"]
+
+    def _in_distance_dtype(self, t: Tensor) -> Tensor:
+        return t if self.distance_dtype is None else t.to(self.distance_dtype)
+
+    def _distance_hypers(self) -> tuple[Tensor, ...]:
+        if self.distance_dtype is None:
+            return self.hypers
+        return tuple(h.detach().to(self.distance_dtype) for h in self.hypers)
 
     def _cols(self) -> Tensor:
         if "cols" not in self._cache:
             with torch.no_grad():
-                self._cache["cols"] = self.recipe.prepare_cols(self.x2, self.hypers, self._center()).contiguous()
+                x2 = self._in_distance_dtype(self.x2)
+                cols = self.recipe.prepare_cols(x2, self._distance_hypers(), self._center())
+                self._cache["cols"] = cols.contiguous()
         return self._cache["cols"]
 
     def _rows(self, rows: slice) -> Tensor:
@@ -226,18 +265,26 @@ class KernelOperator(LinearOperator):
         if full is not None:
             return full[rows]
         n, d = self.x1.shape
+        itemsize = self.x1.element_size() if self.distance_dtype is None else self.distance_dtype.itemsize
+        hypers = self._distance_hypers()
         with torch.no_grad():
-            if (n * (d + 2) * self.x1.element_size()) * 8 <= settings.memory_budget.value():
-                full = self.recipe.prepare_rows(self.x1, self.hypers, self._center()).contiguous()
+            if (n * (d + 2) * itemsize) * 8 <= settings.memory_budget.value():
+                full = self.recipe.prepare_rows(self._in_distance_dtype(self.x1), hypers, self._center())
+                full = full.contiguous()
                 self._cache["rows"] = full
                 return full[rows]
-            return self.recipe.prepare_rows(self.x1[rows], self.hypers, self._center())
+            return self.recipe.prepare_rows(self._in_distance_dtype(self.x1[rows]), hypers, self._center())
 
     def _buffers_per_row(self, differentiable: bool = False) -> int:
         if self.recipe.family == "generic":
             # a generic forward may build b x m x d temporaries (e.g. PeriodicKernel's differences)
             return 4 + self.x1.shape[1]
-        return _GRAD_BUFFERS if differentiable else self.recipe.buffers_needed
+        if differentiable:
+            return _GRAD_BUFFERS
+        extra = 0
+        if self.distance_dtype is not None:  # the exponent block in the wider dtype
+            extra = -(-self.distance_dtype.itemsize // self.x1.element_size())
+        return self.recipe.buffers_needed + extra
 
     def block_rows(self, differentiable: bool = False) -> int:
         """Rows per block under the current memory budget (and ``kgp.settings.block_rows``).
@@ -270,6 +317,14 @@ class KernelOperator(LinearOperator):
             self._cache["scratch"] = buf
         return buf
 
+    def _wide_buffer(self, name: str, rows: int, cols: int, dtype: torch.dtype) -> Tensor:
+        """A reused ``rows x cols`` buffer of another dtype (the exponent, or a block cast for accumulation)."""
+        buf = self._cache.get(name)
+        if buf is None or buf.shape[0] < rows or buf.shape[1] != cols or buf.dtype != dtype:
+            buf = torch.empty(rows, cols, dtype=dtype, device=self.x1.device)
+            self._cache[name] = buf
+        return buf[:rows]
+
     def _stored(self) -> Tensor | None:
         """The whole unscaled K(x1, x2) when ``kernel_cache="auto"`` allows it, else ``None``.
 
@@ -300,7 +355,10 @@ class KernelOperator(LinearOperator):
         return stored
 
     def _fill(self, rows: slice, out: Tensor, spare: Tensor | None) -> None:
-        self.recipe.fill(self._rows(rows), self._cols(), out, spare)
+        exponent = None
+        if self.distance_dtype is not None:
+            exponent = self._wide_buffer("exponent", out.shape[0], out.shape[1], self.distance_dtype)
+        self.recipe.fill(self._rows(rows), self._cols(), out, spare, exponent=exponent)
         if self.recipe.is_stationary and self._same_inputs():
             # k(x, x) = 1 exactly; the augmented GEMM leaves ~sqrt(eps) there for Matern 1/2
             out.diagonal(offset=rows.start).fill_(1.0)
@@ -325,7 +383,7 @@ class KernelOperator(LinearOperator):
 
     def _block_views(self, start: int, stop: int, copy: bool) -> Iterator[tuple[slice, Tensor]]:
         """Unscaled blocks; from the stored matrix when there is one (copied into the buffer if ``copy``)."""
-        key = _signature(self.x1, self.x2, *self.hypers)
+        key = (_signature(self.x1, self.x2, *self.hypers), self.distance_dtype)
         if self._cache.get("key") != key:
             # an input was modified in place: prepared inputs and stored K are stale
             self._cache.clear()
@@ -397,7 +455,7 @@ class KernelOperator(LinearOperator):
             out.addmm_(block.T, u[rows])
         return out if scale is None else out.mul_(scale)
 
-    def fused_matmul(self, v: Tensor, w: Tensor | None = None) -> Tensor:
+    def fused_matmul(self, v: Tensor, w: Tensor | None = None, *, accumulate: torch.dtype | None = None) -> Tensor:
         r"""Compute :math:`K^\top (K v + w)` in one pass over the rows of ``x1`` (FALKON's hot loop).
 
         This is the product ``K_nM^T (K_nM u + v)`` of FALKON's Algorithm 1 (``KnM_times_vector``,
@@ -409,14 +467,24 @@ class KernelOperator(LinearOperator):
             ``m x k`` (or ``m``) coefficients.
         w:
             Optional ``n x k`` (or ``n``) offset added before the transposed product.
+        accumulate:
+            Optional wider dtype (float64 for a float32 operator) for the sum over rows of the
+            transposed product: ``K v + w`` stays in the operator's dtype, and ``K^T (K v + w)`` is
+            summed in float32 over runs of :data:`_ACCUMULATE_ROWS` rows only, the runs in the wider
+            dtype. ``v`` and ``w`` may then be given in either dtype, and the result has dtype
+            ``accumulate``. Why: a float32 sum over n rows errs by about
+            ``eps32 sqrt(n)`` in directions where ``K_MM`` is nearly singular, and FALKON's
+            preconditioner amplifies exactly those (docs/solvers/falkon.md, "float32"). No autograd.
 
         Returns
         -------
         Tensor
             ``m x k`` (``m`` for vector input), with K = K(x1, x2) regardless of ``transposed``
             or a batch view. Differentiable with respect to ``v``, ``w`` and the representation
-            tensors when autograd is on.
+            tensors when autograd is on (without ``accumulate``).
         """
+        if accumulate is not None and accumulate != self.x1.dtype:
+            return self._accumulated(v, w, accumulate)
         vector = v.dim() == 1
         v2 = v.unsqueeze(-1) if vector else v
         w2 = None if w is None else (w.unsqueeze(-1) if w.dim() == 1 else w)
@@ -436,6 +504,62 @@ class KernelOperator(LinearOperator):
             out = _FusedMatmul.apply(base, v2, w2, *args)
         else:
             out = base._fused_pass(v2, w2)
+        return out.squeeze(-1) if vector else out
+
+    def transpose_matmul(self, u: Tensor, *, accumulate: torch.dtype | None = None) -> Tensor:
+        """``K(x1, x2)^T u`` for ``u`` of shape ``n x k`` (or ``n``), optionally summed in a wider dtype.
+
+        ``accumulate`` as in :meth:`fused_matmul` (e.g. FALKON's right-hand side ``K_nM^T y`` of a
+        float32 problem, summed in float64).
+        """
+        if accumulate is not None and accumulate != self.x1.dtype:
+            return self._accumulated(None, u, accumulate)
+        base = self._view(transposed=True, batch_shape=())
+        return base @ u
+
+    def _accumulated(self, v: Tensor | None, w: Tensor | None, accumulate: torch.dtype) -> Tensor:
+        """``K^T (K v + w)`` (``v`` may be None: ``K^T w``) with blocks cast to ``accumulate`` for the sum."""
+        if accumulate not in _SUPPORTED_DTYPES or accumulate.itemsize < self.x1.element_size():
+            raise TypeError(f"accumulate: expected a dtype at least as wide as {self.x1.dtype}, got {accumulate}")
+        ref = v if v is not None else w
+        vector = ref.dim() == 1
+        v2 = None if v is None else (v.unsqueeze(-1) if vector else v)
+        w2 = None if w is None else (w.unsqueeze(-1) if w.dim() == 1 else w)
+        n, m = self.shape_nm
+        k = (v2 if v2 is not None else w2).shape[1]
+        if (v2 is not None and (v2.dim() != 2 or v2.shape[0] != m)) or (w2 is not None and w2.shape != (n, k)):
+            raise ValueError(
+                f"fused_matmul: expected v of shape ({m}, k) and w of shape ({n}, k), got "
+                f"{None if v is None else tuple(v.shape)} and {None if w is None else tuple(w.shape)}"
+            )
+        for t in (v2, w2):
+            if t is not None and t.device != self.x1.device:
+                raise ValueError(f"KernelOperator: right-hand side is on {t.device}, operator on {self.x1.device}")
+        base = self._view(transposed=False, batch_shape=())
+        scale = base._scale()
+        dtype = self.x1.dtype
+        rows_per_sum = _ACCUMULATE_ROWS
+        with torch.no_grad():
+            vs = None
+            if v2 is not None:
+                vs = (v2 if scale is None else v2 * scale.to(v2.dtype)).to(dtype)
+            out = torch.zeros(m, k, dtype=accumulate, device=self.x1.device)
+            scratch = base._scratch(base.block_rows(), k)
+            for rows, block in base._block_views(0, n, copy=False):
+                b = block.shape[0]
+                inner = scratch[:b]
+                if vs is not None:
+                    torch.mm(block, vs, out=inner)
+                    if w2 is not None:
+                        inner.add_(w2[rows].to(dtype))
+                else:
+                    inner.copy_(w2[rows])
+                # products and sums of rows_per_sum terms in the block's dtype, everything else wider
+                for lo in range(0, b, rows_per_sum):
+                    hi = min(lo + rows_per_sum, b)
+                    out.add_(block[lo:hi].T @ inner[lo:hi])
+            if scale is not None:
+                out.mul_(scale.to(accumulate))
         return out.squeeze(-1) if vector else out
 
     def _fused_pass(self, v: Tensor, w: Tensor | None) -> Tensor:

@@ -22,6 +22,7 @@ from kgp.options import Option
 from kgp.plugin import KernelExpansion, Problem, merge_options
 
 from .cg import conjugate_gradient
+from .precision import DISTANCE_SWITCH, float32_jitter, kernel_resolution
 from .preconditioner import build_preconditioner
 
 __all__ = ["FalkonSolver"]
@@ -51,24 +52,24 @@ class FalkonSolver:
         Replace the recursive CG residual by the true one every this many iterations (0 or None: never).
         Costs no extra kernel pass (extra columns of the fused pass).
     jitter : float or None, default None
-        Cholesky path: added to the diagonal of ``D K_MM D``, relative to its mean diagonal
-        (it regularises like ``lambda n jitter`` on the coefficients). None: ``M * eps`` of the
-        input dtype (the paper's Algorithm 1 uses ``eps * M``); ``M * eps64`` on the float32
-        ``"auto"`` path, which must see the spectrum of ``K_MM`` itself.
+        Cholesky path: ``T^T T = D K_MM D + jitter * mean(diag) * I``; the regulariser of ``W``
+        takes it out of the problem again, so it only changes the conditioning. None: 1e-3 for
+        float64 inputs (:data:`.preconditioner.DEFAULT_JITTER`, measured), ``max(1e-3, 100 x the
+        measured float32 kernel error)`` for float32 inputs (:func:`.precision.float32_jitter`).
+        0 gives the paper's exact ``B`` (oracle O1: ``M = n`` converges in one step).
     factorization : {"auto", "cholesky", "pivoted", "eigh"}, default "auto"
         ``"cholesky"``: Def. 3, Example 1.1 (raises NotPSDError on rank-deficient ``K_MM``); ``"eigh"``:
         Example 2, any rank, eigenvalues at or below ``rcond * max`` dropped; ``"pivoted"``:
         pivoted Cholesky stopped at pivots at or below ``rcond * max eigenvalue``, centers it does
         not keep get ``alpha = 0`` (fast when the numerical rank q is far below M); ``"auto"``:
-        float64 inputs Cholesky with ``"eigh"`` as fallback; float32 inputs Cholesky when no
-        eigenvalue of ``D K_MM D`` is at or below ``rcond * max`` (then it equals ``"eigh"``),
-        else ``"eigh"`` (robust down to lambda = 1e-9). The factorization used and the rank kept
-        are reported in each iteration's ``extras`` (``model.history_``).
+        Cholesky with the jitter above, ``"eigh"`` only if that fails. What was used (factorization,
+        rank, jitter, distances, accumulate, kernel_error) is reported in each iteration's
+        ``extras`` (``model.history_``).
     precond_dtype : {"float64", "input"}, default "float64"
         Precision of ``K_MM``, its factors and the CG vectors. Kernel passes always use the
         input dtype. ``"input"`` halves the ``O(M^2)`` memory of float32 fits.
     rcond : float or None, default None
-        Eigen and pivoted paths (and the float32 ``"auto"`` check): drop eigenvalues (pivots) of
+        Eigen and pivoted paths: drop eigenvalues (pivots) of
         ``D K_MM D`` at or below ``rcond * max eigenvalue``.
         None: ``M * eps64`` for float64 inputs (the pseudo-inverse convention), ``eps32`` for
         float32 inputs.
@@ -77,6 +78,11 @@ class FalkonSolver:
         ``kgp.settings.memory_budget`` (a fifth of RAM by default); later passes then read it
         instead of recomputing kernel blocks (4-5x faster per pass at d = 10, docs/backend.md).
         ``"never"``: recompute every pass (memory O(M^2) + one block). Never above the budget.
+    accumulate : {"auto", "input", "float64"}, default "auto"
+        dtype of the sums ``K_nM^T u``; "auto": float64 for float32 inputs (:mod:`.precision`).
+    distances : {"auto", "input", "float64"}, default "auto"
+        dtype of the kernel's distance GEMM in the passes and the predictor; "auto": float64 when
+        the float32 kernel values err by more than 1e-4 on the centers (:mod:`.precision`).
 
     Returns a :class:`kgp.KernelExpansion` over ``problem.centers``. Every kernel product goes
     through ``problem.kernel_operator`` (the fused pass ``K_nM^T (K_nM v + w)``); memory is
@@ -122,6 +128,16 @@ class FalkonSolver:
         ),
         "kernel_cache": Option.choice(
             "auto", ("auto", "never"), help="keep K_nM in memory from the second pass when it fits the budget"
+        ),
+        "accumulate": Option.choice(
+            "auto",
+            ("auto", "input", "float64"),
+            help="dtype of the sums K_nM^T u (auto: float64 for float32 inputs with precond_dtype float64)",
+        ),
+        "distances": Option.choice(
+            "auto",
+            ("auto", "input", "float64"),
+            help="dtype of the kernel's distance GEMM (auto: float64 when float32 values err > 1e-5 on the centers)",
         ),
     }
     uses_centers = True
@@ -175,29 +191,60 @@ class FalkonSolver:
         monitor.start(total=opts["maxiter"], desc="falkon")
 
         with torch.no_grad(), kgp.settings.kernel_cache(opts["kernel_cache"]):
+            facts, distance_dtype, jitter = self._precision(problem, opts)
             prec = build_preconditioner(
                 problem,
                 weights,
                 factorization=opts["factorization"],
                 precond_dtype=opts["precond_dtype"],
-                jitter=opts["jitter"],
+                jitter=jitter,
                 rcond=opts["rcond"],
             )
+            facts = {"factorization": prec.method, "rank": prec.rank, **facts}
+            if prec.shift:
+                facts["jitter"] = prec.jitter
+            accumulate = opts["accumulate"]
+            if accumulate == "auto":
+                accumulate = "float64" if dtype == torch.float32 and prec.dtype == torch.float64 else "input"
+            facts["accumulate"] = accumulate if accumulate == "float64" else str(dtype).replace("torch.", "")
             Z = problem.centers.points
 
             def expansion(beta: Tensor) -> KernelExpansion:
                 # alpha = B' beta' (Def. 4 with the 1/sqrt(n) folded into the operator)
-                return KernelExpansion(problem.kernel, Z, prec.apply(beta).to(dtype))
+                return KernelExpansion(problem.kernel, Z, prec.apply(beta).to(dtype), distance_dtype)
 
             beta = conjugate_gradient(
-                problem.kernel_operator(problem.X, Z),
+                kgp.kernel_operator(problem.kernel, problem.X, Z, distance_dtype=distance_dtype),
                 problem.y.to(dtype),
                 prec,
+                accumulate=torch.float64 if accumulate == "float64" else None,
                 maxiter=opts["maxiter"],
                 tol=opts["tol"],
                 residual_every=opts["residual_every"],
                 monitor=monitor,
                 expansion=expansion,
-                extras={"factorization": prec.method, "rank": prec.rank},
+                extras=facts,
             )
             return expansion(beta)
+
+    @staticmethod
+    def _precision(problem: Problem, opts: dict) -> tuple[dict, torch.dtype | None, float | None]:
+        """Distance dtype and jitter for this problem, and what was measured (:mod:`.precision`).
+
+        float64 inputs keep the paper's choices. float32 inputs: the kernel values on the centers are
+        compared with float64 ones; the distances go float64 above ``DISTANCE_SWITCH`` (``distances=
+        "auto"``) and the float64 Cholesky of ``K_MM`` gets a jitter above the remaining error.
+        """
+        distances = opts["distances"]
+        distance_dtype = torch.float64 if distances == "float64" else None
+        if problem.dtype != torch.float32:
+            return {}, distance_dtype, opts["jitter"]
+        resolution = kernel_resolution(problem, distance_dtype)
+        if distances == "auto" and resolution > DISTANCE_SWITCH:
+            distance_dtype = torch.float64
+            resolution = kernel_resolution(problem, distance_dtype)
+        jitter = opts["jitter"]
+        if jitter is None and opts["factorization"] in ("auto", "cholesky"):
+            jitter = float32_jitter(resolution)
+        facts = {"distances": "float64" if distance_dtype is not None else "float32", "kernel_error": resolution}
+        return facts, distance_dtype, jitter
