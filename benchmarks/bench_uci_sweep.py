@@ -1,9 +1,8 @@
 """The float32 / float64 sweep of every built-in solver on the 15 shared UCI sets (issue 12).
 
 Protocol (``benchmarks/uci.py``): seeded 80/20 split, z-scored with training statistics; ARD RBF
-hyperparameters learned once per set (``--hypers gpytorch``: a GPyTorch ``ExactGP`` on a 3,000-point
-subset, cached in ``benchmarks/uci_hyperparameters.json``; ``--hypers kgp``: kgp's ``exact`` objective
-on the same subset, cached in ``benchmarks/uci_hyperparameters_kgp.json``). Every solver fits
+hyperparameters learned once per set (a GPyTorch ``ExactGP`` on a 3,000-point subset, cached in
+``benchmarks/uci_hyperparameters.json``, see ``benchmarks/uci.py``). Every solver fits
 ``y - mean`` with the learned noise, in float32 and float64, with default options:
 
 - ``exact`` where n_train <= 15,000;
@@ -162,16 +161,15 @@ def main() -> None:
     ap.add_argument("--sets", default=",".join(uci.ALL_SETS))
     ap.add_argument("--solvers", default=",".join(SOLVERS))
     ap.add_argument("--dtypes", default="float32,float64")
-    ap.add_argument("--hypers", choices=("gpytorch", "kgp"), default="gpytorch")
     ap.add_argument("--json", help="also write the rows here")
     ap.add_argument("--write", action="store_true", help=f"write the table into {DOC.relative_to(ROOT)}")
     args = ap.parse_args()
     sets = [s for s in args.sets.split(",") if s]
-    hypers = uci.cached_hyperparameters(sets) if args.hypers == "gpytorch" else uci.kgp_hyperparameters(sets)
+    hypers = uci.cached_hyperparameters(sets)
     header = (
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
         f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}, MKL_NUM_THREADS={os.environ.get('MKL_NUM_THREADS')}, "
-        f"hyperparameters: {args.hypers}, load average at start {os.getloadavg()[0]:.2f}, "
+        f"learned GPyTorch hyperparameters, load average at start {os.getloadavg()[0]:.2f}, "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
     )
     print(header)

@@ -460,9 +460,9 @@ def test_float32_small_lambda_does_not_diverge(shared_data):
 
 
 def test_float32_auto_takes_cholesky_when_no_eigenvalue_would_be_dropped():
-    # Well-resolved K_MM (smallest eigenvalue far above eps32 * largest): the truncated eigh would
-    # keep every direction, so auto uses the cheaper Cholesky; B'B'^T is the same matrix, so both
-    # give the same iterates up to float32 rounding, and both the dense float64 Nystrom solution.
+    # auto factors K_MM by Cholesky (with the jitter, which the regulariser removes again); the eigh
+    # path builds a different preconditioner for the same problem, so both reach the same solution:
+    # the dense float64 Nystrom one.
     X, y = synthetic(n=2000, d=5, seed=3, dtype=torch.float32)
     Z = X[:150]
     G = dense(rbf(1.0), Z.to(F64), Z.to(F64))

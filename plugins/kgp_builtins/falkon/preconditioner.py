@@ -15,19 +15,15 @@ Numerics (see docs/solvers/falkon.md for the measurements behind these choices):
 - The ``M x M`` factorizations run in ``precond_dtype`` (default float64), whatever the input dtype.
   These ``M x M`` operations cost ``O(M^3 + t M^2 k)``, negligible next to the ``O(t n M)`` kernel
   passes.
-- float64 inputs: ``G + jitter * mean(diag G) * I`` is factored by Cholesky (Example 1.1; jitter
-  ``M * eps64``, the paper's ``eps * M``); if that fails (rank-deficient ``K_MM``, e.g. duplicate
-  centers) the eigendecomposition of Example 2 takes over.
-- float32 inputs: the eigendecomposition of Example 2, dropping eigenvalues of ``G`` at or below
-  ``eps32 * max``, whenever there are such eigenvalues. Directions of ``K_MM`` that the float32
-  kernel pass cannot resolve make ``W`` ill conditioned through any jitter (CG diverged at
-  lambda = 1e-9 with jitters from ``M eps64`` to ``1e-3``); removing them (q < M) keeps it
-  convergent. When there are none, that truncated eigendecomposition keeps every direction and
-  builds the same ``B' B'^T`` as a Cholesky factor, so the Cholesky (jitter ``M eps64``) is used
-  instead: about 15 s of setup against 190 s for the eigh at M = 10,000 on the development
-  machine. Which case holds is decided from Ritz estimates of the extreme eigenvalues of ``G``
-  (:func:`kgp.linalg.largest_eigenvalue` and :func:`kgp.linalg.smallest_eigenvalue_from_cholesky`:
-  subspace iteration, ``O(M^2)`` per step, the inverse one with the Cholesky factor).
+- ``factorization="auto"`` (default, both input dtypes): ``G + jitter * mean(diag G) * I`` is
+  factored by Cholesky (Example 1.1) with the jitter the solver chose (:data:`DEFAULT_JITTER`, for
+  float32 inputs at least 100x the measured float32 kernel error, :mod:`.precision`); the exact
+  regulariser (:meth:`Preconditioner.regulariser`) takes the jitter out of the problem again, so it
+  changes the conditioning of ``W`` only. If the Cholesky still fails (a user-set tiny jitter on a
+  rank-deficient ``K_MM``, e.g. duplicate centers) the eigendecomposition of Example 2 takes over.
+  The former float32 path (a truncated ``eigh`` whenever ``K_MM`` had eigenvalues below float32
+  resolution) cost 3-4x the fit time at M = 5,000 and is no longer needed: the float32 failures it
+  worked around came from float32 sums in the kernel passes (:mod:`.precision`).
 - ``factorization="pivoted"``: a pivoted Cholesky (LAPACK ``?pstrf``) that stops at pivots below
   ``rcond`` times the top eigenvalue; the dropped centers get ``alpha = 0`` and ``Q`` of Def. 3 is
   the column selection of the kept ones. ``O(M q^2)``: for large M with a low numerical rank.
