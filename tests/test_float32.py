@@ -86,21 +86,22 @@ def test_float32_distances_lose_accuracy_that_float64_distances_keep():
 
 def test_accumulate_sums_in_float64():
     g = torch.Generator().manual_seed(1)
-    X = torch.randn(4000, 3, generator=g)
+    X = torch.randn(4003, 3, generator=g)  # not a multiple of the 16-row runs
     Z = X[:300]
     kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel())
     kernel.outputscale = 2.0
     op = kgp.kernel_operator(kernel, X, Z)
-    K = op.to_dense().double()
+    with torch.no_grad():
+        K = op.to_dense().double()
     v = torch.randn(300, 2, generator=g, dtype=F64)
-    w = torch.randn(4000, 2, generator=g)
+    w = torch.randn(4003, 2, generator=g)
     out = op.fused_matmul(v, w, accumulate=F64)
     assert out.dtype == F64
     ref = K.T @ (K @ v + w.double())
     # K v + w stays float32 (relative error ~1e-7 of its terms); the transposed sum is float64
     assert float((out - ref).norm() / ref.norm()) < 1e-6
-    # the sums alone (v = 0): float32 products summed over runs of 8 rows err by a few eps32, a float32
-    # sum over all 4,000 rows by more
+    # the sums alone (v = 0): float32 products summed over runs of 16 rows err by a few eps32, a float32
+    # sum over all 4,003 rows by more
     only_w = op.fused_matmul(torch.zeros(300, 2, dtype=F64), w, accumulate=F64)
     exact = K.T @ w.double()
     err64 = float((only_w - exact).norm() / exact.norm())
