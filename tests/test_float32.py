@@ -84,6 +84,7 @@ def test_float32_distances_lose_accuracy_that_float64_distances_keep():
         kgp.kernel_operator(k32, X.float(), Z.float(), distance_dtype=torch.float16)
 
 
+@torch.no_grad()  # the kernel's parameters require grad; these products need none
 def test_accumulate_sums_in_float64():
     g = torch.Generator().manual_seed(1)
     X = torch.randn(4003, 3, generator=g)  # not a multiple of the 16-row runs
@@ -91,8 +92,7 @@ def test_accumulate_sums_in_float64():
     kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel())
     kernel.outputscale = 2.0
     op = kgp.kernel_operator(kernel, X, Z)
-    with torch.no_grad():
-        K = op.to_dense().double()
+    K = op.to_dense().double()
     v = torch.randn(300, 2, generator=g, dtype=F64)
     w = torch.randn(4003, 2, generator=g)
     out = op.fused_matmul(v, w, accumulate=F64)
