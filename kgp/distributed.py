@@ -22,7 +22,7 @@ wait forever for the others. The caller knows how its data are laid out; kgp ask
 
 Failures are bounded in time: collectives are issued asynchronously and polled. A rank whose fit
 raises records ``"rank r: TypeName: message"`` in the group's key-value store; the other ranks see it
-within milliseconds while waiting and raise :class:`RankFailedError` quoting it. A rank that dies
+within tens of milliseconds while waiting and raise :class:`RankFailedError` quoting it. A rank that dies
 breaks the group's connections, which the waiting ranks report as :class:`DistributedError`. A rank
 that hangs makes the others raise after ``kgp.settings.distributed_timeout`` seconds. After any of
 these the process group cannot be used again (torch's rule after a failed collective): destroy it.
@@ -55,10 +55,12 @@ __all__ = [
 ]
 
 _FIT_COUNTER = itertools.count()
-# polling of an outstanding collective: first checks are fast (a pass's all-reduce is usually done
-# by then), later ones sleep up to _MAX_POLL seconds between store checks
+# polling of an outstanding collective: the first checks are fast and local (a pass's all-reduce is
+# usually done by then); the key-value store (on rank 0's process, shared by all ranks) is asked only
+# once a wait exceeds _STORE_AFTER, then every _MAX_POLL seconds at most
 _FIRST_POLL = 5e-5
-_MAX_POLL = 5e-3
+_STORE_AFTER = 1e-3
+_MAX_POLL = 2e-2
 
 
 class DistributedError(RuntimeError):
@@ -141,7 +143,7 @@ class _Channel:
         deadline = time.monotonic() + self.timeout
         delay = _FIRST_POLL
         while not work.is_completed():
-            failure = self._failure()
+            failure = self._failure() if delay >= _STORE_AFTER else None
             if failure is not None:
                 raise RankFailedError(f"distributed fit: {failure} (rank {self.rank} was waiting in {what})")
             if time.monotonic() > deadline:
@@ -261,7 +263,8 @@ def _checksum(t: Tensor) -> tuple[int, int]:
     flat = t.detach().contiguous().reshape(-1)
     if flat.numel() == 0:
         return 0, 0
-    words = flat.view(torch.int64 if flat.element_size() == 8 else torch.int32).to(torch.int64)
+    word = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}[flat.element_size()]
+    words = flat.view(word).to(torch.int64)
     # float64 cannot hold an int64 exactly: report the sums modulo 2**52 (still bit-sensitive)
     mask = (1 << 52) - 1
     return int(words.sum()) & mask, int((words * words).sum()) & mask

@@ -185,6 +185,9 @@ class Solver(Protocol):
     ``needs_grad`` (optional, default False): the model runs ``fit`` under ``torch.no_grad()``
     unless it is True, so that an iterative solver does not build an autograd graph across its
     iterations by accident.
+
+    ``supports_distributed`` (optional, default False): True if ``fit`` handles a row-sharded
+    problem (``problem.shard`` set, :mod:`kgp.distributed`); a distributed fit refuses other solvers.
     """
 
     option_defaults: Mapping[str, Any]
@@ -243,7 +246,8 @@ class CenterSelector(Protocol):
     """What ``register(name, selector)`` in :func:`kgp.hookspecs.register_selectors` expects.
 
     ``needs_grad`` (optional, default False): as for :class:`Solver`, ``select`` runs under
-    ``torch.no_grad()`` unless it is True.
+    ``torch.no_grad()`` unless it is True. ``supports_distributed`` (optional, default False): as for
+    :class:`Solver`, for row-sharded requests (``request.shard``).
     """
 
     option_defaults: Mapping[str, Any]

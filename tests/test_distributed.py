@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 import time
+import types
 from datetime import timedelta
 from pathlib import Path
 
@@ -183,6 +186,49 @@ def _sharded_operator_task(rank, world, counts):
         }
 
 
+class _PlainCG:
+    """A third-party-style solver: plain CG on the Nystrom system through ``problem.kernel_operator`` only.
+
+    It declares ``supports_distributed`` and does nothing else for it: the operator's transposed
+    products sum over the ranks (docs/plugin-author-guide.md, section 7).
+    """
+
+    option_defaults: dict = {}
+    uses_centers = True
+    supports_distributed = True
+
+    def fit(self, problem):
+        Z = problem.centers.points
+        knm, kmm = problem.kernel_operator(problem.X, Z), problem.kernel_operator(Z)
+        alpha = torch.zeros(Z.shape[0], problem.n_outputs, dtype=problem.dtype)
+        r = knm.T @ problem.y
+        p, rr = r.clone(), (r * r).sum(0)
+        for _ in range(300):
+            hp = knm.fused_matmul(p) + problem.noise * (kmm @ p)
+            step = rr / (p * hp).sum(0)
+            alpha, r = alpha + step * p, r - step * hp
+            rr_new = (r * r).sum(0)
+            if float(rr_new.max()) == 0.0:
+                break
+            p, rr = r + (rr_new / rr) * p, rr_new
+        return kgp.KernelExpansion(problem.kernel, Z, alpha)
+
+
+@kgp.hookimpl
+def _register_plain_cg(register):
+    register("test-plain-cg", _PlainCG())
+
+
+PLAIN_CG_PLUGIN = types.SimpleNamespace(register_solvers=_register_plain_cg)
+
+
+def _plain_cg_task(rank, world, counts):
+    kgp.register(PLAIN_CG_PLUGIN, name="test-plain-cg-plugin")  # a fresh spawned process
+    Xr, yr = _split(counts)[rank]
+    model = _model(solver="test-plain-cg", solver_options=None).fit(Xr, yr, distributed=True)
+    return {"alpha": model.predictor_.alpha.clone(), "centers": model.centers_.clone()}
+
+
 def _suite_task(rank, world, plan):
     """Several tasks in one process group (spawning costs seconds): ``{name: result}``."""
     out = {}
@@ -212,6 +258,8 @@ def two_ranks(tmp_path_factory):
         ("exact", "_refusal_task", ({"solver": "exact"},)),
         ("bless", "_refusal_task", ({"solver": "falkon", "centers": "bless"},)),
         ("save", "_save_task", (str(tmp / "model.kgp"),)),
+        ("float32", "_fit_task", ([130, 110], {"dtype": "float32"})),
+        ("plain_cg", "_plain_cg_task", ([130, 110],)),
     ]
     return _spawn(2, "_suite_task", tmp, plan), tmp / "model.kgp"
 
@@ -302,7 +350,7 @@ def test_rank_with_bad_input_fails_every_rank(tmp_path):
     assert results[1]["error"] == "ValueError" and "NaN" in results[1]["message"]
     assert results[0]["error"] == "RankFailedError"
     assert "rank 1: ValueError: X: contains 1 NaN" in results[0]["message"]
-    assert results[0]["seconds"] < GROUP_TIMEOUT  # told by the store, not by the timeout
+    assert results[0]["seconds"] - results[1]["seconds"] < 5.0  # told by the store, not by the timeout
 
 
 @pytest.mark.slow
@@ -311,15 +359,16 @@ def test_rank_raising_mid_fit_fails_every_rank(tmp_path):
     assert results[1]["error"] == "RuntimeError"
     assert results[0]["error"] == "RankFailedError"
     assert "rank 1: RuntimeError: boom at iteration 3" in results[0]["message"]
-    assert results[0]["seconds"] < GROUP_TIMEOUT
+    # rank 0 raised soon after rank 1 (measured 12 ms; both clocks start at the fit call)
+    assert results[0]["seconds"] - results[1]["seconds"] < 5.0
 
 
 @pytest.mark.slow
 def test_rank_dying_mid_fit_fails_the_others(tmp_path):
     results = _spawn(2, "_failing_task", tmp_path, "die_mid_fit", expect_dead=(1,))
-    assert results[0]["error"] in ("DistributedError", "RankFailedError"), results[0]
-    assert "rank 0" in results[0]["message"]
-    assert results[0]["seconds"] < GROUP_TIMEOUT + 5
+    assert results[0]["error"] == "DistributedError", results[0]
+    assert "failed on rank 0" in results[0]["message"] and "another rank may have died" in results[0]["message"]
+    assert results[0]["seconds"] < GROUP_TIMEOUT  # the broken connection, not the timeout
 
 
 def _rbf():
@@ -347,3 +396,70 @@ def test_distributed_argument_checks():
         _model().fit(X, y, distributed="yes")
     # distributed=False is the ordinary local fit
     assert _model().fit(X, y, distributed=False).shard_ is None
+
+
+def test_float32_falkon_matches_one_process(two_ranks):
+    """float32 passes, float64 sums all-reduced in float64: the one-process float32 fit to float32 rounding."""
+    X, y = _data()
+    model = _model(dtype="float32").fit(X, y)
+    alpha = model.predictor_.alpha
+    for res in (r["float32"] for r in two_ranks[0]):
+        assert "error" not in res, res
+        assert res["alpha"].dtype == torch.float32
+        assert torch.equal(res["centers"], model.centers_)
+        assert float((res["alpha"] - alpha).abs().max() / alpha.abs().max()) < 1e-5
+
+
+def test_third_party_solver_is_distributed_for_free(two_ranks):
+    """A solver that only uses problem.kernel_operator gets the one-process result on 2 ranks."""
+    X, y = _data()
+    kgp.register(PLAIN_CG_PLUGIN, name="test-plain-cg-plugin")
+    try:
+        model = _model(solver="test-plain-cg", solver_options=None).fit(X, y)
+    finally:
+        kgp.unregister("test-plain-cg-plugin")
+    alpha = model.predictor_.alpha
+    for res in (r["plain_cg"] for r in two_ranks[0]):
+        assert "error" not in res, res
+        assert float((res["alpha"] - alpha).abs().max() / alpha.abs().max()) < 1e-8
+
+
+def test_row_range_and_load_rows(tmp_path):
+    from kgp.shard_io import load_rows, row_range
+
+    table = np.arange(7 * 3, dtype=np.float64).reshape(7, 3)
+    np.save(tmp_path / "t.npy", table)
+    assert [row_range(7, r, 3) for r in range(3)] == [(0, 2), (2, 4), (4, 7)]
+    parts = [load_rows(tmp_path / "t.npy", None, r, 3) for r in range(3)]
+    np.testing.assert_array_equal(np.concatenate([p[0] for p in parts]), table[:, :2])
+    np.testing.assert_array_equal(np.concatenate([p[1] for p in parts]), table[:, 2])
+    X0, y0 = load_rows(tmp_path / "t.npy", "0", 0, 1)
+    np.testing.assert_array_equal(y0, table[:, 0])
+    np.testing.assert_array_equal(X0, table[:, 1:])
+    np.savez(tmp_path / "t.npz", X=table)
+    with pytest.raises(ValueError, match="needs a .npy table"):
+        load_rows(tmp_path / "t.npz", None, 0, 2)
+    with pytest.raises(ValueError, match="column 5 is outside the 3 columns"):
+        load_rows(tmp_path / "t.npy", "5", 0, 2)
+    with pytest.raises(ValueError, match="expected 0 <= rank < world_size"):
+        row_range(7, 3, 3)
+
+
+@pytest.mark.slow
+def test_cli_fit_under_torchrun_reads_own_rows(tmp_path):
+    """``torchrun --nproc-per-node 2 -m kgp fit --distributed`` saves the model one process fits."""
+    X, y = _data()
+    np.save(tmp_path / "d.npy", np.column_stack([X, y]))
+    out = tmp_path / "m.kgp"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_free_port())]
+    cmd += ["-m", "kgp", "fit", "--distributed", "--data", str(tmp_path / "d.npy"), "--solver", "falkon"]
+    cmd += ["--centers", "uniform", "--n-centers", str(M), "--seed", "7", "--out", str(out)]
+    cmd += ["--option", "maxiter=60", "--option", "tol=1e-13"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "KGP_DISTRIBUTED_TIMEOUT": str(int(GROUP_TIMEOUT))}
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=JOIN_DEADLINE, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"fitted {N} x {D} on 2 ranks" in done.stdout
+    model = kgp.load(out)
+    reference = _model(random_state=7).fit(X, y)
+    ref = reference.predictor_.alpha
+    assert float((model.predictor_.alpha - ref).abs().max() / ref.abs().max()) < 1e-8
