@@ -69,6 +69,9 @@ class KernelRegressor(BaseKernelModel):
         List of :class:`kgp.IterationInfo` reported during the fit.
     fit_time_, seed_, n_features_in_, n_outputs_:
         Fit wall time (s), seed used, number of features, number of outputs.
+    shard_:
+        None, or after ``fit(..., distributed=True)`` a dict ``rank``, ``world_size``, ``n_local``,
+        ``n_total`` (docs/scaling-out.md).
     """
 
     def _encode_fit_targets(self, y, X: Tensor) -> tuple[Tensor, dict]:
