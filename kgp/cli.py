@@ -6,6 +6,7 @@ import argparse
 import ast
 import csv
 import gzip
+import os
 import sys
 import time
 from pathlib import Path
@@ -58,6 +59,12 @@ def _parser() -> argparse.ArgumentParser:
     fit.add_argument("--classify", action="store_true", help="fit a KernelClassifier instead of a regressor")
     fit.add_argument("--progress", action="store_true")
     fit.add_argument("--out", required=True, help="model file to write")
+    fit.add_argument(
+        "--distributed",
+        action="store_true",
+        help="data-parallel fit under torchrun: each rank memory-maps a .npy table and reads only its own "
+        "rows; rank 0 saves (docs/scaling-out.md)",
+    )
     fit.set_defaults(func=_cmd_fit)
 
     pred = sub.add_parser("predict", help="predict with a saved model")
@@ -199,6 +206,8 @@ def model_needs_centers(name: str) -> bool:
 def _cmd_fit(args) -> int:
     import kgp
 
+    if getattr(args, "distributed", False):
+        return _cmd_fit_distributed(args)
     X, y = load_table(args.data, args.target)
     estimator = kgp.KernelClassifier if args.classify else kgp.KernelRegressor
     model = estimator(
@@ -299,3 +308,48 @@ def _print_options(name: str) -> int:
 
 if __name__ == "__main__":  # pragma: no cover
     raise SystemExit(main())
+
+
+def _cmd_fit_distributed(args) -> int:
+    """``kgp fit --distributed`` under torchrun: own rows of a .npy table, one fit over all ranks, rank 0 saves."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    import kgp
+
+    from .shard_io import load_rows
+
+    if args.classify:
+        raise ValueError("--distributed: only regression is distributed so far (drop --classify)")
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        raise ValueError("--distributed: run under torchrun (it sets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)")
+    created = not dist.is_initialized()
+    if created:  # gloo: the CLI fits on CPUs; the group's own timeout bounds torch's collectives too
+        dist.init_process_group("gloo", timeout=timedelta(seconds=kgp.settings.distributed_timeout.value()))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    X, y = load_rows(args.data, args.target, rank, world)
+    model = kgp.KernelRegressor(
+        args.kernel,
+        lengthscale=args.lengthscale,
+        noise=args.noise,
+        solver=args.solver,
+        centers=args.centers,
+        n_centers=args.n_centers,
+        solver_options=_parse_options(args.option, "--option"),
+        selector_options=_parse_options(args.selector_option, "--selector-option"),
+        dtype=args.dtype,
+        random_state=args.seed,
+        progress=args.progress,
+    )
+    model.fit(X, y, distributed=True)
+    model.save(args.out)  # rank 0 writes
+    if rank == 0:
+        local = f"; training R2 on rank 0's {X.shape[0]} rows {model.score(X, y):.4f}" if X.shape[0] > 1 else ""
+        print(
+            f"solver {args.solver}: fitted {model.shard_['n_total']} x {X.shape[1]} on {world} ranks in "
+            f"{model.fit_time_:.3f} s{local}; saved to {args.out}"
+        )
+    if created:  # only after a successful fit: after a failed collective the group cannot be torn down cleanly
+        dist.destroy_process_group()
+    return 0

@@ -47,7 +47,9 @@ def register_solvers(register) -> None:
     - optionally ``partial_fit(problem, previous) -> Predictor`` to continue from a previous
       predictor on a new chunk of data (streaming); ``previous`` is None on the first chunk;
     - optionally ``needs_grad = True``: the model runs ``fit`` / ``partial_fit`` under
-      ``torch.no_grad()`` otherwise.
+      ``torch.no_grad()`` otherwise;
+    - optionally ``supports_distributed = True``: the solver accepts a row-sharded problem
+      (``problem.shard``, :mod:`kgp.distributed`); ``fit(..., distributed=True)`` refuses others.
     """
 
 
@@ -63,7 +65,8 @@ def register_selectors(register) -> None:
     :class:`kgp.plugin.Centers` holds the points, optional weights (the diagonal of FALKON's D
     matrix, Appendix A: weighted Nystrom), optional indices into the training set and a dict of
     diagnostics (e.g. estimated leverage scores). ``select`` runs under ``torch.no_grad()``
-    unless the selector sets ``needs_grad = True``.
+    unless the selector sets ``needs_grad = True``. A selector with ``supports_distributed = True``
+    accepts a row-sharded request (``request.shard``) and returns the same centers on every rank.
     """
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import gpytorch
 import torch
@@ -29,6 +29,9 @@ from .monitor import Monitor
 from .operators import KernelOperator, kernel_operator
 from .options import Option, merge_options
 from .predictors import KernelExpansion
+
+if TYPE_CHECKING:
+    from .distributed import Shard
 
 __all__ = [
     "Centers",
@@ -112,6 +115,12 @@ class Problem:
     monitor:
         Call ``monitor.step(iteration, predictor, **extras)`` once per iteration; stop when it
         returns True.
+    shard:
+        None for a local fit. In a distributed fit (:mod:`kgp.distributed`) ``X`` and ``y`` are this
+        rank's rows only and ``shard`` says where they sit (``n_total``, ``offset``, the collectives);
+        ``n`` and ``lam`` then refer to the global problem, ``n_local`` to this rank's rows, and
+        ``kernel_operator(X, Z)`` sums its transposed products over all ranks. Only solvers that
+        declare ``supports_distributed = True`` receive a sharded problem.
     """
 
     X: Tensor
@@ -122,6 +131,7 @@ class Problem:
     options: dict[str, Any] = field(default_factory=dict)
     generator: torch.Generator = field(default_factory=lambda: torch.Generator().manual_seed(0))
     monitor: Monitor = field(default_factory=Monitor)
+    shard: Shard | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.centers, Tensor):
@@ -133,6 +143,12 @@ class Problem:
 
     @property
     def n(self) -> int:
+        """Training rows of the (global) problem: all ranks' rows in a distributed fit."""
+        return self.X.shape[0] if self.shard is None else self.shard.n_total
+
+    @property
+    def n_local(self) -> int:
+        """Rows of ``X`` held here (``n`` unless the fit is distributed)."""
         return self.X.shape[0]
 
     @property
@@ -152,9 +168,15 @@ class Problem:
     def device(self) -> torch.device:
         return self.X.device
 
-    def kernel_operator(self, x1: Tensor, x2: Tensor | None = None) -> KernelOperator:
-        """Lazy ``K(x1, x2)`` through the shared block backend (see :func:`kgp.operators.kernel_operator`)."""
-        return kernel_operator(self.kernel, x1, x2)
+    def kernel_operator(self, x1: Tensor, x2: Tensor | None = None, **kwargs: Any) -> KernelOperator:
+        """Lazy ``K(x1, x2)`` through the shared block backend (see :func:`kgp.operators.kernel_operator`).
+
+        In a distributed fit, ``K(problem.X, Z)`` (``x1`` being ``problem.X`` itself) is sharded: its
+        transposed products are summed over all ranks. ``kwargs`` go to :func:`kgp.kernel_operator`.
+        """
+        if self.shard is not None and x1 is self.X and "shard" not in kwargs:
+            kwargs["shard"] = self.shard
+        return kernel_operator(self.kernel, x1, x2, **kwargs)
 
 
 class Solver(Protocol):
@@ -163,6 +185,9 @@ class Solver(Protocol):
     ``needs_grad`` (optional, default False): the model runs ``fit`` under ``torch.no_grad()``
     unless it is True, so that an iterative solver does not build an autograd graph across its
     iterations by accident.
+
+    ``supports_distributed`` (optional, default False): True if ``fit`` handles a row-sharded
+    problem (``problem.shard`` set, :mod:`kgp.distributed`); a distributed fit refuses other solvers.
     """
 
     option_defaults: Mapping[str, Any]
@@ -187,6 +212,10 @@ class SelectionRequest:
         Seeded ``torch.Generator`` (CPU).
     options:
         Selector options merged with its ``option_defaults``.
+    shard:
+        None, or in a distributed fit where this rank's rows sit (as :attr:`Problem.shard`): ``n``
+        is then the global number of rows, and only selectors with ``supports_distributed = True``
+        are asked. Every rank must return the same centers.
     """
 
     X: Tensor
@@ -195,24 +224,30 @@ class SelectionRequest:
     noise: float
     generator: torch.Generator
     options: dict[str, Any] = field(default_factory=dict)
+    shard: Shard | None = None
 
     @property
     def n(self) -> int:
-        return self.X.shape[0]
+        """Training rows of the (global) data set: all ranks' rows in a distributed fit."""
+        return self.X.shape[0] if self.shard is None else self.shard.n_total
 
     @property
     def lam(self) -> float:
         return self.noise / self.n
 
-    def kernel_operator(self, x1: Tensor, x2: Tensor | None = None) -> KernelOperator:
-        return kernel_operator(self.kernel, x1, x2)
+    def kernel_operator(self, x1: Tensor, x2: Tensor | None = None, **kwargs: Any) -> KernelOperator:
+        """As :meth:`Problem.kernel_operator` (sharded when ``x1`` is ``request.X`` in a distributed fit)."""
+        if self.shard is not None and x1 is self.X and "shard" not in kwargs:
+            kwargs["shard"] = self.shard
+        return kernel_operator(self.kernel, x1, x2, **kwargs)
 
 
 class CenterSelector(Protocol):
     """What ``register(name, selector)`` in :func:`kgp.hookspecs.register_selectors` expects.
 
     ``needs_grad`` (optional, default False): as for :class:`Solver`, ``select`` runs under
-    ``torch.no_grad()`` unless it is True.
+    ``torch.no_grad()`` unless it is True. ``supports_distributed`` (optional, default False): as for
+    :class:`Solver`, for row-sharded requests (``request.shard``).
     """
 
     option_defaults: Mapping[str, Any]

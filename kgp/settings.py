@@ -119,3 +119,25 @@ unless asked. ``"auto"``: from the operator's second product on, keep K(X, Z) wh
 
 max_exact_size = _Setting("max_exact_size", _env_int("KGP_MAX_EXACT_SIZE", 20_000), _positive_int("max_exact_size"))
 """Largest n for which dense O(n^2)-memory routines (exact solver, exact leverage scores) run."""
+
+
+def _positive_seconds(name: str):
+    def check(value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value != value:
+            raise ValueError(f"{name}: expected a positive number of seconds, got {value!r}")
+        return float(value)
+
+    return check
+
+
+distributed_timeout = _Setting(
+    "distributed_timeout",
+    _env_int("KGP_DISTRIBUTED_TIMEOUT", 1800),
+    _positive_seconds("distributed_timeout"),
+)
+"""Seconds a rank of a distributed fit waits in one collective before raising (env ``KGP_DISTRIBUTED_TIMEOUT``).
+
+Default 1800 (torch.distributed's own default). It bounds the wait for a rank that hangs; a rank
+that raises is noticed within milliseconds, a rank that dies as soon as its connections close
+(:mod:`kgp.distributed`). It must exceed the longest legitimate wait: the slowest rank's pass
+(uneven shards) and the replicated ``M x M`` factorization."""

@@ -69,6 +69,7 @@ def to_tensor(
     dtype: torch.dtype | None,
     device: torch.device | str | None,
     allow_int: bool = True,
+    allow_empty: bool = False,
 ) -> Tensor:
     """Convert a numpy array / torch tensor / nested list to a checked floating tensor.
 
@@ -86,6 +87,8 @@ def to_tensor(
         Target device; None keeps a tensor's device (CPU for numpy).
     allow_int:
         Whether integer / boolean input is accepted (converted to ``dtype`` or float64).
+    allow_empty:
+        Whether zero rows are accepted (a rank of a distributed fit may hold no rows).
 
     Raises
     ------
@@ -117,7 +120,7 @@ def to_tensor(
         shapes = " or ".join(f"{d}-D" for d in ndim)
         hint = " (reshape a single feature with X.reshape(-1, 1))" if name.startswith("X") and tensor.dim() == 1 else ""
         raise ValueError(f"{name}: expected a {shapes} array, got shape {tuple(tensor.shape)}{hint}")
-    if tensor.numel() == 0 or tensor.shape[0] == 0:
+    if not allow_empty and (tensor.numel() == 0 or tensor.shape[0] == 0):
         raise ValueError(f"{name}: expected a non-empty array, got shape {tuple(tensor.shape)}")
     if tensor.dim() == 2 and tensor.shape[1] == 0:
         raise ValueError(f"{name}: expected at least one column, got shape {tuple(tensor.shape)}")

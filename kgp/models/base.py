@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .. import distributed as _dist
 from .. import io
 from ..kernels import KERNEL_SHORTCUTS, make_kernel
 from ..kernels.serialize import kernel_from_spec, kernel_to_spec
@@ -193,7 +194,7 @@ class BaseKernelModel:
         raise NotImplementedError
 
     # ------------------------------------------------------------------ the fit path
-    def fit(self, X, y, *, validation_data=None):
+    def fit(self, X, y, *, validation_data=None, distributed=False):
         """Fit on ``X`` (n x d) and ``y``; see the subclass for the target format.
 
         Parameters
@@ -202,27 +203,58 @@ class BaseKernelModel:
             Optional ``(X_val, y_val)``; iterative solvers then report the validation metric
             (mean squared error for regression, error rate for classification) after every
             iteration, to the callback and in ``history_``.
+        distributed:
+            ``True`` (the default process group) or a ``torch.distributed`` ProcessGroup: ``X`` and
+            ``y`` are this rank's rows of a row-sharded data set, every rank of the group calls
+            ``fit`` with its rows, and each gets the model of all rows (docs/scaling-out.md).
+            Explicit, never automatic: kgp cannot tell a shard from a replicated copy.
 
         Returns
         -------
         self
         """
+        group = _dist.resolve_group(distributed)
+        if group is None:
+            return self._fit(X, y, validation_data, None)
+        with _dist.guarded(group) as channel:  # every rank's failure, validation included, reaches the others
+            return self._fit(X, y, validation_data, channel)
+
+    def _fit(self, X, y, validation_data, channel):
+        """The one fit path; ``channel`` is None for a local fit, else the distributed fit's channel."""
         setup = self._validate()
-        Xt = to_tensor(X, "X", ndim=(2,), dtype=setup.dtype, device=setup.device)
+        if channel is not None:
+            _check_distributed_plugins(setup, self.solver)
+        Xt = to_tensor(X, "X", ndim=(2,), dtype=setup.dtype, device=setup.device, allow_empty=channel is not None)
         Y, targets = self._encode_fit_targets(y, Xt)
         if Y.shape[0] != Xt.shape[0]:
             raise ValueError(f"X and y: expected the same number of samples, got {Xt.shape[0]} and {Y.shape[0]}")
         validation = self._validation(validation_data, Xt, targets)
-        check_n_centers(self.n_centers, Xt.shape[0])
+        shard = None
+        if channel is not None:
+            shard = _dist.shard_rows(
+                channel,
+                Xt.shape[0],
+                **{"number of features": Xt.shape[1], "number of outputs": Y.shape[1], "dtype": Xt.element_size()},
+            )
+        check_n_centers(self.n_centers, Xt.shape[0] if shard is None else shard.n_total)
         seed = self._draw_seed()
+        if shard is not None:  # random_state=None draws on every rank: rank 0's draw is the fit's seed
+            seed = int(shard.broadcast_(torch.tensor([seed], dtype=torch.int64, device=shard._device())).item())
         kernel = self._build_kernel(Xt.dtype, Xt.device)
         start = time.perf_counter()
-        monitor = Monitor(self.callback, bool(self.progress), validation, self._validation_metric)
+        if shard is None:
+            monitor = Monitor(self.callback, bool(self.progress), validation, self._validation_metric)
+        else:  # one rank's stop request stops all; one progress bar
+            progress = bool(self.progress) and shard.rank == 0
+            monitor = _dist.ShardedMonitor(shard, self.callback, progress, validation, self._validation_metric)
         with _closing(monitor):
-            centers = self._centers(setup, Xt, kernel, seed)
+            centers = self._centers(setup, Xt, kernel, seed, shard=shard)
             problem = self._problem(setup, Xt, Y, kernel, centers, seed + 1, monitor)
+            problem.shard = shard
             with _gradients(setup.solver):
                 predictor = setup.solver.fit(problem)
+        if shard is not None:
+            predictor = _same_on_every_rank(predictor, kernel, shard)
         self._set_fitted(
             kernel=kernel,
             solver_name=self.solver,
@@ -236,6 +268,7 @@ class BaseKernelModel:
             targets=targets,
             fit_time=time.perf_counter() - start,
             chunks_seen=1,  # a partial_fit continuing this fit draws from seed + 2 on
+            shard=shard,
         )
         return self
 
@@ -266,7 +299,7 @@ class BaseKernelModel:
             )
         return Xv, Yv
 
-    def _centers(self, setup: _FitSetup, X: Tensor, kernel, seed: int) -> Centers | None:
+    def _centers(self, setup: _FitSetup, X: Tensor, kernel, seed: int, shard=None) -> Centers | None:
         """The selector's centers, the user's explicit centers, or None for solvers without centers."""
         if not setup.solver.uses_centers:
             return None
@@ -278,6 +311,7 @@ class BaseKernelModel:
                 noise=float(self.noise),
                 generator=torch.Generator().manual_seed(seed),
                 options=setup.selector_options,
+                shard=shard,
             )
             with _gradients(setup.selector):
                 return setup.selector.select(request)
@@ -286,6 +320,9 @@ class BaseKernelModel:
             raise ValueError(f"centers: expected {X.shape[1]} columns like X, got shape {tuple(points.shape)}")
         if self.n_centers is not None and self.n_centers != points.shape[0]:
             raise ValueError(f"n_centers={self.n_centers} does not match the {points.shape[0]} centers given")
+        if shard is not None:
+            if not shard.identical([points]):
+                raise ValueError("centers: a distributed fit needs the same explicit centers on every rank")
         return Centers(points=points)
 
     def _problem(self, setup: _FitSetup, X, Y, kernel, centers, seed: int, monitor: Monitor) -> Problem:
@@ -315,6 +352,7 @@ class BaseKernelModel:
         targets: dict[str, Any],
         fit_time: float,
         chunks_seen: int = 0,
+        shard: _dist.Shard | None = None,
     ) -> None:
         """Write every fitted attribute (the one place that does: fit, partial_fit and load call it)."""
         self.kernel_ = kernel
@@ -331,6 +369,11 @@ class BaseKernelModel:
         self.device_ = device
         self.fit_time_ = fit_time
         self._chunks_seen = chunks_seen
+        # distributed fit: where this rank's rows sat (plain values; the process group is not kept)
+        self.shard_ = None
+        if shard is not None:
+            self.shard_ = {"rank": shard.rank, "world_size": shard.world_size}
+            self.shard_.update(n_local=shard.n_local, n_total=shard.n_total)
         for name, value in targets.items():
             setattr(self, name, value)
 
@@ -369,9 +412,13 @@ class BaseKernelModel:
         The file holds the kernel's class description and hyperparameters, the solver plugin name,
         the predictor's kind and tensors, and the estimator's plain parameters. Callbacks and
         explicit center arrays given as parameters are not stored (the fitted centers are, inside
-        the predictor).
+        the predictor). After a distributed fit only rank 0 writes (every rank holds the same model);
+        on the other ranks ``save`` does nothing, so both ``model.save(path)`` on every rank and
+        ``if rank == 0: model.save(path)`` work.
         """
         self._check_fitted()
+        if getattr(self, "shard_", None) is not None and self.shard_["rank"] != 0:
+            return
         params = {name: getattr(self, name) for name in _PLAIN_PARAMS}
         params["kernel"] = self.kernel if isinstance(self.kernel, str) else None
         params["centers"] = self.centers if isinstance(self.centers, str) else None
@@ -436,6 +483,32 @@ class BaseKernelModel:
             fit_time=0.0,
         )
         return model
+
+
+def _check_distributed_plugins(setup: _FitSetup, solver_name: str) -> None:
+    """Refuse, before any work, plugins that do not declare ``supports_distributed = True``."""
+    if not getattr(setup.solver, "supports_distributed", False):
+        raise ValueError(
+            f"solver {solver_name!r} does not support distributed fitting (distributed=True): it does not "
+            "declare supports_distributed = True. Use solver='falkon', or fit on one process holding all rows."
+        )
+    if setup.selector is not None and not getattr(setup.selector, "supports_distributed", False):
+        raise ValueError(
+            f"centers={setup.selector_name!r} does not support distributed fitting (distributed=True): the "
+            "selector does not declare supports_distributed = True. Use centers='uniform' or explicit centers."
+        )
+
+
+def _same_on_every_rank(predictor: Any, kernel: gpytorch.kernels.Kernel, shard: _dist.Shard) -> Any:
+    """The fitted predictor, made bitwise identical on every rank (rank 0's where they differ)."""
+    state = predictor.state_dict()
+    names = [k for k, v in state.items() if isinstance(v, Tensor)]
+    device = shard._device()
+    moved = {k: state[k].to(device) for k in names}
+    if not shard.replicate_(list(moved.values())):
+        return predictor
+    rebuilt = {**state, **{k: v.to(state[k].device) for k, v in moved.items()}}
+    return type(predictor).from_state(rebuilt, kernel)
 
 
 @contextlib.contextmanager

@@ -69,10 +69,14 @@ class KernelRegressor(BaseKernelModel):
         List of :class:`kgp.IterationInfo` reported during the fit.
     fit_time_, seed_, n_features_in_, n_outputs_:
         Fit wall time (s), seed used, number of features, number of outputs.
+    shard_:
+        None, or after ``fit(..., distributed=True)`` a dict ``rank``, ``world_size``, ``n_local``,
+        ``n_total`` (docs/scaling-out.md).
     """
 
     def _encode_fit_targets(self, y, X: Tensor) -> tuple[Tensor, dict]:
-        yt = to_tensor(y, "y", ndim=(1, 2), dtype=X.dtype, device=X.device)
+        # X without rows only passes validation on a rank of a distributed fit: y matches it
+        yt = to_tensor(y, "y", ndim=(1, 2), dtype=X.dtype, device=X.device, allow_empty=X.shape[0] == 0)
         Y = yt.unsqueeze(-1) if yt.dim() == 1 else yt
         return Y, {"_y_ndim": yt.dim(), "n_outputs_": Y.shape[1]}
 
@@ -90,20 +94,24 @@ class KernelRegressor(BaseKernelModel):
     def _targets_from_state(cls, state: dict) -> dict:
         return {"_y_ndim": int(state["y_ndim"]), "n_outputs_": int(state["n_outputs"])}
 
-    def fit(self, X, y, *, validation_data=None) -> KernelRegressor:
+    def fit(self, X, y, *, validation_data=None, distributed=False) -> KernelRegressor:
         """Fit on ``X`` (n x d) and ``y`` (n or n x k).
 
         Parameters
         ----------
         validation_data:
             Optional ``(X_val, y_val)``; iterative solvers then report the validation mean
-            squared error to the callback after every iteration.
+            squared error to the callback after every iteration (in a distributed fit: this
+            rank's validation rows).
+        distributed:
+            ``True`` or a ``torch.distributed`` ProcessGroup: ``X``, ``y`` are this rank's rows and
+            every rank gets the model of all ranks' rows (docs/scaling-out.md). Default False.
 
         Returns
         -------
         self
         """
-        return super().fit(X, y, validation_data=validation_data)
+        return super().fit(X, y, validation_data=validation_data, distributed=distributed)
 
     def partial_fit(self, X, y) -> KernelRegressor:
         """Continue fitting on a new chunk of data (solvers with ``partial_fit`` only, e.g. streaming SGD).

@@ -16,6 +16,7 @@ Design (docs/backend.md):
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import gpytorch
 import torch
@@ -25,6 +26,9 @@ from torch import Tensor
 from .. import settings
 from ..kernels.recipes import KernelRecipe, recipe_for
 from .blocks import plan_block_rows, row_slices
+
+if TYPE_CHECKING:
+    from ..distributed import Shard
 
 __all__ = ["KernelOperator", "kernel_operator"]
 
@@ -66,6 +70,7 @@ def kernel_operator(
     x2: Tensor | None = None,
     *,
     distance_dtype: torch.dtype | None = None,
+    shard: Shard | None = None,
 ) -> KernelOperator:
     """Build the lazy kernel matrix ``K(x1, x2)`` for any GPyTorch kernel.
 
@@ -87,6 +92,12 @@ def kernel_operator(
         lengthscales the float32 exponent ``u.v - |u|^2/2 - |v|^2/2`` cancels terms of size
         ``|x / lengthscale|^2`` and loses up to 1e-3 relative accuracy in the kernel values
         (docs/backend.md, "Precision"); float64 distances bring it back to ~1e-7.
+    shard:
+        A :class:`kgp.distributed.Shard` when ``x1`` is this rank's rows of a row-sharded data set
+        (``problem.kernel_operator(problem.X, Z)`` passes it): products summed over the rows
+        (``K^T u``, ``fused_matmul``, ``transpose_matmul``) are then summed over all ranks too, so
+        every rank gets the global result; ``K v`` stays local (this rank's rows). ``x2`` must be
+        the same on every rank. No autograd through a sharded operator.
 
     Returns
     -------
@@ -112,7 +123,7 @@ def kernel_operator(
         raise TypeError(f"kernel_operator: distance_dtype must be None, float32 or float64, got {distance_dtype}")
     recipe, hypers = recipe_for(kernel)
     hypers = tuple(h.to(device=x1.device, dtype=x1.dtype) for h in hypers)
-    return KernelOperator(x1, x2, *hypers, kernel=kernel, recipe=recipe, distance_dtype=distance_dtype)
+    return KernelOperator(x1, x2, *hypers, kernel=kernel, recipe=recipe, distance_dtype=distance_dtype, shard=shard)
 
 
 def _signature(*tensors: Tensor) -> tuple:
@@ -167,6 +178,7 @@ class KernelOperator(LinearOperator):
         batch_shape: tuple[int, ...] = (),
         cache: dict | None = None,
         distance_dtype: torch.dtype | None = None,
+        shard: Shard | None = None,
     ):
         if x1.dim() != 2 or x2.dim() != 2:
             raise ValueError(
@@ -199,6 +211,7 @@ class KernelOperator(LinearOperator):
             batch_shape=batch_shape,
             cache=cache,
             distance_dtype=distance_dtype,
+            shard=shard,
         )
         self.x1 = x1
         self.x2 = x2
@@ -208,6 +221,7 @@ class KernelOperator(LinearOperator):
         self.transposed = transposed
         self.batch_shape_ = batch_shape
         self.distance_dtype = distance_dtype
+        self.shard = shard
         self._cache: dict = cache
 
     def _view(self, *, transposed: bool | None = None, batch_shape: tuple[int, ...] | None = None) -> KernelOperator:
@@ -222,6 +236,7 @@ class KernelOperator(LinearOperator):
             batch_shape=self.batch_shape_ if batch_shape is None else batch_shape,
             cache=self._cache,
             distance_dtype=self.distance_dtype,
+            shard=self.shard,
         )
         return out
 
@@ -466,16 +481,31 @@ class KernelOperator(LinearOperator):
         """K(x1, x2)^T u for ``u`` of shape ``n x k``."""
         n, m = self.shape_nm
         if not self._fast():
+            self._no_sharded_grad()
             acc = None
             for rows in row_slices(0, n, self.block_rows(True)):
                 part = self._dense_rows(rows).T @ u[rows]
                 acc = part if acc is None else acc + part
-            return acc if acc is not None else u.new_zeros(m, u.shape[1])
+            return self._reduce(acc if acc is not None else u.new_zeros(m, u.shape[1]))
         scale = self._scale()
         out = torch.zeros(m, u.shape[1], dtype=u.dtype, device=u.device)
         for rows, block in self._block_views(0, n, copy=False):
             out.addmm_(block.T, u[rows])
+        self._reduce(out)
         return out if scale is None else out.mul_(scale)
+
+    def _reduce(self, partial: Tensor) -> Tensor:
+        """Sum a partial ``m x k`` result over the ranks of a sharded operator (in place; identity otherwise)."""
+        if self.shard is None:
+            return partial
+        return self.shard.all_reduce_(partial)
+
+    def _no_sharded_grad(self) -> None:
+        if self.shard is not None and self._needs_grad():
+            raise NotImplementedError(
+                "KernelOperator: autograd through a row-sharded operator is not supported (gradients would "
+                "need their own reduction); run distributed fits under torch.no_grad()"
+            )
 
     def fused_matmul(self, v: Tensor, w: Tensor | None = None, *, accumulate: torch.dtype | None = None) -> Tensor:
         r"""Compute :math:`K^\top (K v + w)` in one pass over the rows of ``x1`` (FALKON's hot loop).
@@ -523,6 +553,10 @@ class KernelOperator(LinearOperator):
         args = (base.x1, base.x2, *base.hypers)
         tracked = (v2, *args) if w2 is None else (v2, w2, *args)
         if torch.is_grad_enabled() and any(t.requires_grad for t in tracked):
+            if self.shard is not None:
+                raise NotImplementedError(
+                    "fused_matmul: autograd through a row-sharded operator is not supported; use torch.no_grad()"
+                )
             out = _FusedMatmul.apply(base, v2, w2, *args)
         else:
             out = base._fused_pass(v2, w2)
@@ -577,6 +611,7 @@ class KernelOperator(LinearOperator):
                 else:
                     inner.copy_(w2[rows])
                 out.add_(_run_sums(block, inner, rows_per_sum, accumulate))
+            base._reduce(out)  # partial sums added across ranks in the accumulation dtype
             if scale is not None:
                 out.mul_(scale.to(accumulate))
         return out.squeeze(-1) if vector else out
@@ -596,6 +631,7 @@ class KernelOperator(LinearOperator):
                 if w is not None:
                     inner.add_(w[rows])
                 out.addmm_(block.T, inner)
+            self._reduce(out)
             if scale is not None:
                 out.mul_(scale)
         return out
@@ -631,6 +667,8 @@ class KernelOperator(LinearOperator):
         wants = [a.requires_grad and a.dtype.is_floating_point for a in args]
         if not any(wants):
             return (None,) * len(args)
+        if self.shard is not None:
+            raise NotImplementedError("KernelOperator: autograd through a row-sharded operator is not supported")
         # bring the product to the form sum(L * (K R)), K = K(x1, x2) with batches folded into columns
         left, right = (right_vecs, left_vecs) if self.transposed else (left_vecs, right_vecs)
         batch = torch.broadcast_shapes(left.shape[:-2], right.shape[:-2], self.batch_shape_)

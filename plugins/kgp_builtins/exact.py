@@ -24,6 +24,12 @@ class ExactSolver:
 
     def fit(self, problem: Problem) -> KernelExpansion:
         kgp.merge_options("solver 'exact'", self.option_defaults, problem.options)
+        if problem.shard is not None and problem.shard.world_size > 1:
+            raise ValueError(
+                f"solver 'exact' cannot fit row-sharded data ({problem.shard.world_size} ranks): it factors "
+                "the dense n x n kernel matrix of all rows in one process. Use solver='falkon' for a "
+                "distributed fit, or fit without distributed=True on one process holding all rows."
+            )
         n = problem.n
         limit = settings.max_exact_size.value()
         if n > limit:

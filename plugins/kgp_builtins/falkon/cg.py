@@ -59,6 +59,7 @@ def conjugate_gradient(
     expansion: Callable[[Tensor], Any],
     extras: Mapping[str, Any],
     accumulate: torch.dtype | None = None,
+    n_total: int | None = None,
 ) -> Tensor:
     """Run preconditioned multi-RHS CG on ``W' beta' = b'`` (Def. 4); return ``beta'`` (q x k).
 
@@ -84,13 +85,17 @@ def conjugate_gradient(
         float64 for float32 inputs: the passes sum ``K_nM^T (.)`` in float64 and take the CG
         vectors in the working precision (:mod:`.precision`, item 1). None: everything in ``y``'s
         dtype.
+    n_total:
+        n of the global problem when ``op`` is row-sharded (:mod:`kgp.distributed`; ``y`` holds this
+        rank's rows only). None: ``y``'s rows.
 
     Raises
     ------
     FloatingPointError
         If the residual becomes non-finite (CG diverged).
     """
-    n, k = y.shape
+    n_rows, k = y.shape
+    n = n_rows if n_total is None else n_total
     dtype = y.dtype
     work = prec.dtype
     # b' = A^{-T} T^{-T} Q^T D K_nM^T y / n
@@ -108,7 +113,7 @@ def conjugate_gradient(
     if bool((b_norm == 0).all()):
         monitor.step(1, lambda: expansion(beta), residual=0.0, **extras)
         return beta
-    zeros_w = torch.zeros(n, k, dtype=dtype, device=y.device) if residual_every else None
+    zeros_w = torch.zeros(n_rows, k, dtype=dtype, device=y.device) if residual_every else None
     for it in range(1, maxiter + 1):
         refresh = residual_every > 0 and it > 1 and (it - 1) % residual_every == 0
         v = prec.apply(p)

@@ -141,6 +141,9 @@ class FalkonSolver:
         ),
     }
     uses_centers = True
+    # data-parallel (kgp.distributed): the passes sum over ranks through the sharded operator, the
+    # M x M preconditioner is built on every rank (replicated) and checked to be identical
+    supports_distributed = True
 
     # ------------------------------------------------------------------ checks
     @staticmethod
@@ -154,8 +157,8 @@ class FalkonSolver:
             raise TypeError("centers: expected the dtype and device of X")
         if not problem.X.dtype.is_floating_point:
             raise TypeError(f"X: expected a floating dtype, got {problem.X.dtype}")
-        if problem.y.dim() != 2 or problem.y.shape[0] != problem.n:
-            raise ValueError(f"y: expected shape ({problem.n}, k), got {tuple(problem.y.shape)}")
+        if problem.y.dim() != 2 or problem.y.shape[0] != problem.n_local:
+            raise ValueError(f"y: expected shape ({problem.n_local}, k), got {tuple(problem.y.shape)}")
         if not (math.isfinite(problem.noise) and problem.noise > 0):
             raise ValueError(f"noise: expected a finite positive number, got {problem.noise!r}")
         w = problem.centers.weights
@@ -200,6 +203,12 @@ class FalkonSolver:
                 jitter=jitter,
                 rcond=opts["rcond"],
             )
+            if problem.shard is not None:
+                # replicated M x M work is bitwise identical on identical hardware and threads; if not,
+                # every rank takes rank 0's factors so that all ranks run the same CG (one checksum
+                # all-gather; a broadcast of the factors only when they differ)
+                factors = (prec.T, prec.A, prec.Q, prec.t_diag, prec.a_diag)
+                problem.shard.replicate_([t for t in factors if t is not None])
             facts = {"factorization": prec.method, "rank": prec.rank, **facts}
             if prec.shift:
                 facts["jitter"] = prec.jitter
@@ -214,7 +223,7 @@ class FalkonSolver:
                 return KernelExpansion(problem.kernel, Z, prec.apply(beta).to(dtype), distance_dtype)
 
             beta = conjugate_gradient(
-                kgp.kernel_operator(problem.kernel, problem.X, Z, distance_dtype=distance_dtype),
+                kgp.kernel_operator(problem.kernel, problem.X, Z, distance_dtype=distance_dtype, shard=problem.shard),
                 problem.y.to(dtype),
                 prec,
                 accumulate=torch.float64 if accumulate == "float64" else None,
@@ -224,6 +233,7 @@ class FalkonSolver:
                 monitor=monitor,
                 expansion=expansion,
                 extras=facts,
+                n_total=problem.n,
             )
             return expansion(beta)
 

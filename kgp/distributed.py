@@ -1,0 +1,344 @@
+"""Data-parallel fitting on ``torch.distributed``: row shards, the collectives kgp needs, failure handling.
+
+Each rank of an initialised process group holds its own rows of X and y (a *shard*); a fit with
+``fit(X_local, y_local, distributed=True)`` fits the model of the concatenated rows. kgp needs only
+four collectives (docs/scaling-out.md):
+
+* **sum of partial results** (:meth:`Shard.all_reduce_`): every kernel pass over the data
+  (``K^T u``, ``K^T (K v + w)``) computes its ``M x k`` partial sum on the local rows; the sums are
+  added across ranks in the dtype they were accumulated in (float64 for FALKON's float32 passes);
+* **broadcast** (:meth:`Shard.broadcast_`): the seed, and replicated results that turned out
+  different on some rank (:meth:`Shard.replicate_`);
+* **agreement** (:meth:`Shard.any`): a stop request of one rank's callback stops every rank;
+* **shard bookkeeping** (:func:`shard_rows`): the global n and each rank's row offset, from the
+  local row counts (one all-gather of a few integers).
+
+Why explicit (``distributed=True``) and not automatic inside an initialised group: kgp cannot tell
+whether ``X`` on each rank is a shard or a full replica (a group initialised for something else,
+e.g. a network trained with DDP, with the same data on every rank). Treating replicas as shards
+fits a silently wrong model (every row counted ``world_size`` times, so the regularisation is off by
+that factor), and a rank that fits its own model (a hyperparameter search spread over ranks) would
+wait forever for the others. The caller knows how its data are laid out; kgp asks.
+
+Failures are bounded in time: collectives are issued asynchronously and polled. A rank whose fit
+raises records ``"rank r: TypeName: message"`` in the group's key-value store; the other ranks see it
+within tens of milliseconds while waiting and raise :class:`RankFailedError` quoting it. A rank that dies
+breaks the group's connections, which the waiting ranks report as :class:`DistributedError`. A rank
+that hangs makes the others raise after ``kgp.settings.distributed_timeout`` seconds. After any of
+these the process group cannot be used again (torch's rule after a failed collective): destroy it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from . import settings
+from .monitor import Monitor
+
+__all__ = [
+    "DistributedError",
+    "RankFailedError",
+    "Shard",
+    "ShardedMonitor",
+    "is_initialized",
+    "resolve_group",
+    "shard_rows",
+]
+
+_FIT_COUNTER = itertools.count()
+# polling of an outstanding collective: the first checks are fast and local (a pass's all-reduce is
+# usually done by then); the key-value store (on rank 0's process, shared by all ranks) is asked only
+# once a wait exceeds _STORE_AFTER, then every _MAX_POLL seconds at most
+_FIRST_POLL = 5e-5
+_STORE_AFTER = 1e-3
+_MAX_POLL = 2e-2
+
+
+class DistributedError(RuntimeError):
+    """A collective of a distributed fit failed or timed out (a rank died, hung, or the group broke)."""
+
+
+class RankFailedError(DistributedError):
+    """Another rank's fit raised; the message quotes that rank's exception."""
+
+
+def is_initialized() -> bool:
+    """Whether ``torch.distributed`` is available and a default process group is initialised."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def resolve_group(distributed: Any) -> Any | None:
+    """The process group a ``distributed=`` argument names: None for a local fit.
+
+    Parameters
+    ----------
+    distributed:
+        ``False`` / ``None``: local fit. ``True``: the default group. A ``ProcessGroup``: that group.
+
+    Raises
+    ------
+    ValueError
+        ``True`` or a group without an initialised ``torch.distributed``.
+    TypeError
+        Anything else.
+    """
+    if distributed is None or distributed is False:
+        return None
+    if distributed is not True and not (dist.is_available() and isinstance(distributed, dist.ProcessGroup)):
+        raise TypeError(
+            f"distributed: expected True, False or a torch.distributed ProcessGroup, got {type(distributed).__name__}"
+        )
+    if not is_initialized():
+        raise ValueError(
+            "distributed: a distributed fit needs an initialised torch.distributed process group "
+            "(launch with torchrun and call torch.distributed.init_process_group first)"
+        )
+    return dist.group.WORLD if distributed is True else distributed
+
+
+class _Channel:
+    """Collectives of one distributed fit on one process group, with bounded-time waits."""
+
+    def __init__(self, group: Any, timeout: float):
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        self.timeout = float(timeout)
+        # every rank calls fit the same number of times, so the counter names the same fit everywhere
+        self.key = f"kgp/fit{next(_FIT_COUNTER)}/error"
+        try:
+            self.store = dist.distributed_c10d._get_process_group_store(group)
+        except Exception:  # private API: without a store, failures are still bounded by the timeout
+            self.store = None
+
+    # ---------------------------------------------------------------- failure records
+    def record_failure(self, exc: BaseException) -> None:
+        """Tell the other ranks that this rank's fit raised ``exc`` (best effort)."""
+        if self.store is None or isinstance(exc, DistributedError):
+            return
+        with contextlib.suppress(Exception):
+            self.store.set(self.key, f"rank {self.rank}: {type(exc).__name__}: {exc}")
+
+    def _failure(self) -> str | None:
+        if self.store is None:
+            return None
+        try:
+            if self.store.check([self.key]):
+                return self.store.get(self.key).decode()
+        except Exception:  # the store lives on rank 0's process: gone if that rank died
+            return "the key-value store is unreachable (the rank hosting it may have died)"
+        return None
+
+    def wait(self, work: Any, what: str) -> None:
+        """Wait for an asynchronous collective; raise instead of hanging when another rank failed."""
+        deadline = time.monotonic() + self.timeout
+        delay = _FIRST_POLL
+        while not work.is_completed():
+            failure = self._failure() if delay >= _STORE_AFTER else None
+            if failure is not None:
+                raise RankFailedError(f"distributed fit: {failure} (rank {self.rank} was waiting in {what})")
+            if time.monotonic() > deadline:
+                raise DistributedError(
+                    f"distributed fit: rank {self.rank} waited {self.timeout:g} s in {what} "
+                    "(kgp.settings.distributed_timeout); another rank hung or fell behind"
+                )
+            time.sleep(delay)
+            delay = min(2 * delay, _MAX_POLL)
+        try:
+            work.wait()
+        except Exception as exc:
+            failure = self._failure()
+            if failure is not None:
+                raise RankFailedError(f"distributed fit: {failure} (rank {self.rank} was waiting in {what})") from exc
+            raise DistributedError(
+                f"distributed fit: {what} failed on rank {self.rank} ({exc}); another rank may have died"
+            ) from exc
+
+
+@dataclass(frozen=True)
+class Shard:
+    """This rank's part of a row-sharded data set, and the collectives over its process group.
+
+    Attributes
+    ----------
+    counts:
+        Rows held by each rank, in rank order (the global row order is rank 0's rows, then rank 1's...).
+    rank, world_size:
+        This rank in the group, and the group's size.
+    """
+
+    channel: _Channel
+    counts: tuple[int, ...]
+
+    @property
+    def rank(self) -> int:
+        return self.channel.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.channel.world_size
+
+    @property
+    def n_local(self) -> int:
+        """Rows on this rank."""
+        return self.counts[self.rank]
+
+    @property
+    def n_total(self) -> int:
+        """Rows on all ranks: the n of the global problem."""
+        return sum(self.counts)
+
+    @property
+    def offset(self) -> int:
+        """Global index of this rank's first row."""
+        return sum(self.counts[: self.rank])
+
+    def all_reduce_(self, t: Tensor) -> Tensor:
+        """Sum ``t`` over ranks in place, in ``t``'s dtype (pass partial sums in the accumulation dtype)."""
+        if self.world_size > 1:
+            work = dist.all_reduce(t, group=self.channel.group, async_op=True)
+            self.channel.wait(work, f"all_reduce {tuple(t.shape)}")
+        return t
+
+    def broadcast_(self, t: Tensor, src: int = 0) -> Tensor:
+        """Overwrite ``t`` with rank ``src``'s ``t`` (group rank)."""
+        if self.world_size > 1:
+            group = self.channel.group
+            src_global = src if group is dist.group.WORLD else dist.get_global_rank(group, src)
+            work = dist.broadcast(t, src=src_global, group=self.channel.group, async_op=True)
+            self.channel.wait(work, f"broadcast {tuple(t.shape)}")
+        return t
+
+    def any(self, flag: bool) -> bool:
+        """True on every rank if ``flag`` is True on some rank (e.g. a callback asked to stop)."""
+        t = torch.tensor([1.0 if flag else 0.0], dtype=torch.float64, device=self._device())
+        return bool(self.all_reduce_(t).item() > 0)
+
+    def gather_rows(self, values: Sequence[float]) -> Tensor:
+        """``world_size x len(values)`` float64 table of every rank's ``values`` (small bookkeeping only)."""
+        return _gather_rows(self.channel, values, self._device())
+
+    def identical(self, tensors: Sequence[Tensor]) -> bool:
+        """Whether ``tensors`` hold the same bits on every rank (checksums of their words, compared)."""
+        sums = [float(x) for t in tensors for x in (t.numel(), *_checksum(t))]
+        table = self.gather_rows(sums)
+        return bool((table == table[0]).all())
+
+    def replicate_(self, tensors: Sequence[Tensor]) -> bool:
+        """Make replicated results identical: verify by checksum, broadcast from rank 0 if they differ.
+
+        Returns whether a broadcast was needed. Replicated ``M x M`` work (the same deterministic
+        factorization on every rank) is normally bitwise identical; different BLAS thread counts or
+        CPUs can change the last bits, and then the fitted models would differ in rounding.
+        """
+        if self.world_size == 1 or self.identical(tensors):
+            return False
+        for t in tensors:
+            self.broadcast_(t)
+        return True
+
+    def _device(self) -> torch.device:
+        return _device_for(self.channel.group)
+
+
+def _device_for(group: Any) -> torch.device:
+    # NCCL collectives need CUDA tensors; gloo takes CPU ones
+    backend = dist.get_backend(group)
+    if backend == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _checksum(t: Tensor) -> tuple[int, int]:
+    """Two order-independent sums of ``t``'s machine words (wrapping integer arithmetic)."""
+    flat = t.detach().contiguous().reshape(-1)
+    if flat.numel() == 0:
+        return 0, 0
+    word = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}[flat.element_size()]
+    words = flat.view(word).to(torch.int64)
+    # float64 cannot hold an int64 exactly: report the sums modulo 2**52 (still bit-sensitive)
+    mask = (1 << 52) - 1
+    return int(words.sum()) & mask, int((words * words).sum()) & mask
+
+
+def _gather_rows(channel: _Channel, values: Sequence[float], device: torch.device) -> Tensor:
+    table = torch.zeros(channel.world_size, len(values), dtype=torch.float64, device=device)
+    table[channel.rank] = torch.tensor([float(v) for v in values], dtype=torch.float64, device=device)
+    if channel.world_size > 1:
+        channel.wait(dist.all_reduce(table, group=channel.group, async_op=True), "shard bookkeeping")
+    return table
+
+
+@contextlib.contextmanager
+def guarded(group: Any, timeout: float | None = None) -> Iterator[_Channel]:
+    """Open the channel of one distributed fit; an exception inside is recorded for the other ranks.
+
+    Every rank must enter it once per distributed fit, before anything that can raise (input
+    validation included), so that no rank waits for one that failed.
+    """
+    channel = _Channel(group, settings.distributed_timeout.value() if timeout is None else timeout)
+    try:
+        yield channel
+    except BaseException as exc:
+        channel.record_failure(exc)
+        raise
+
+
+def shard_rows(channel: _Channel, n_local: int, **agree: float) -> Shard:
+    """Exchange the local row counts (global n, offsets) and check that ``agree`` matches on every rank.
+
+    Parameters
+    ----------
+    channel:
+        The fit's channel (:func:`guarded`).
+    n_local:
+        Rows of X on this rank (0 allowed).
+    **agree:
+        Numbers every rank must share (number of features, outputs, dtype code, ...): a mismatch
+        raises ValueError on every rank, naming the ranks.
+
+    Raises
+    ------
+    ValueError
+        If the ranks disagree on an ``agree`` value or hold no rows at all.
+    """
+    names = list(agree)
+    table = _gather_rows(channel, [n_local, *(agree[k] for k in names)], _device_for(channel.group))
+    for j, name in enumerate(names, start=1):
+        column = table[:, j]
+        if not bool((column == column[0]).all()):
+            per_rank = ", ".join(f"rank {r}: {_plain(v)}" for r, v in enumerate(column.tolist()))
+            raise ValueError(f"distributed fit: every rank must have the same {name}, got {per_rank}")
+    counts = tuple(int(c) for c in table[:, 0].tolist())
+    if sum(counts) == 0:
+        raise ValueError("distributed fit: X has no rows on any rank")
+    return Shard(channel, counts)
+
+
+def _plain(v: float) -> str:
+    return str(int(v)) if float(v).is_integer() else repr(v)
+
+
+class ShardedMonitor(Monitor):
+    """A :class:`kgp.Monitor` whose stop decision is shared: if one rank's callback stops, all stop.
+
+    Without this a callback that stops on one rank only (a time limit, a local validation metric)
+    would leave the other ranks waiting in the next pass. Costs one scalar all-reduce per iteration.
+    The validation metric, if any, is computed on this rank's own validation rows.
+    """
+
+    def __init__(self, shard: Shard, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.shard = shard
+
+    def step(self, iteration: int, predictor=None, **extras: Any) -> bool:
+        return self.shard.any(super().step(iteration, predictor, **extras))

@@ -1,0 +1,465 @@
+"""Data-parallel fits on torch.distributed (gloo, processes spawned on localhost).
+
+Oracle: the same model fitted in this process on the concatenated rows. Every spawned run has a
+deadline (the group's timeout and ``kgp.settings.distributed_timeout`` inside, a join deadline
+here), so a hang fails the test instead of blocking the suite.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import types
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import kgp
+from kgp import distributed as kdist
+
+pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="needs gloo")
+
+N, D, M = 240, 3, 40
+JOIN_DEADLINE = 120.0  # seconds for a whole spawned run (imports included); far above the ~5 s it takes
+GROUP_TIMEOUT = 30.0  # the group's own timeout and kgp's wait limit inside the workers
+
+
+def _data(dtype=np.float64):
+    rng = np.random.default_rng(3)
+    X = rng.uniform(-2, 2, size=(N, D))
+    y = np.sin(X).sum(1) + 0.05 * rng.standard_normal(N)
+    return X.astype(dtype), y.astype(dtype)
+
+
+def _model(**kw):
+    params = dict(
+        lengthscale=1.0,
+        noise=1e-2,
+        solver="falkon",
+        centers="uniform",
+        n_centers=M,
+        random_state=7,
+        solver_options={"maxiter": 60, "tol": 1e-13},
+    )
+    params.update(kw)
+    return kgp.KernelRegressor("rbf", **params)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank, world, port, out, task, args):
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    os.environ.setdefault("KGP_DISABLE_ENTRYPOINTS", "1")
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=GROUP_TIMEOUT),
+    )
+    try:
+        with kgp.settings.distributed_timeout(GROUP_TIMEOUT):
+            result = globals()[task](rank, world, *args)
+    except Exception as exc:
+        result = {"error": type(exc).__name__, "message": str(exc)}
+    torch.save(result, Path(out) / f"rank{rank}.pt")
+    # no destroy_process_group: after a failed collective it may wait for the failed peer
+
+
+def _spawn(world: int, task: str, tmp_path: Path, *args, expect_dead: tuple[int, ...] = ()) -> list[dict | None]:
+    """Run ``task(rank, world, *args)`` on ``world`` spawned ranks; return each rank's result dict.
+
+    Plain ``multiprocessing`` processes (torch's ``ProcessContext.join`` would terminate the other
+    ranks as soon as one exits with an error, which the dying-rank test must not do).
+    """
+    ctx = mp.get_context("spawn")
+    port = _free_port()
+    procs = [ctx.Process(target=_entry, args=(r, world, port, str(tmp_path), task, args)) for r in range(world)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + JOIN_DEADLINE
+    for p in procs:
+        p.join(timeout=max(0.0, deadline - time.monotonic()))
+    hung = [r for r, p in enumerate(procs) if p.is_alive()]
+    for r in hung:
+        procs[r].kill()
+    if hung:
+        pytest.fail(f"distributed run of {task}: ranks {hung} did not finish within {JOIN_DEADLINE} s (hang)")
+    for r, p in enumerate(procs):
+        assert (p.exitcode != 0) == (r in expect_dead), f"rank {r} exited with {p.exitcode}"
+    files = [None if r in expect_dead else tmp_path / f"rank{r}.pt" for r in range(world)]
+    return [None if f is None else torch.load(f, weights_only=False) for f in files]
+
+
+def _split(counts):
+    X, y = _data()
+    bounds = np.cumsum([0, *counts])
+    return [(X[a:b], y[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+# ---------------------------------------------------------------- tasks run on each rank
+def _fit_task(rank, world, counts, kw):
+    Xr, yr = _split(counts)[rank]
+    model = _model(**kw).fit(Xr, yr, distributed=True)
+    X, _ = _data()
+    return {
+        "alpha": model.predictor_.alpha.clone(),
+        "centers": model.centers_.clone(),
+        "pred": model.predict(X[:50]),
+        "seed": model.seed_,
+        "shard": model.shard_,
+        "iterations": len(model.history_),
+    }
+
+
+def _failing_task(rank, world, mode):
+    Xr, yr = _split([N // world] * world)[rank]
+    kw = {}
+    if mode == "bad_input" and rank == 1:
+        Xr = Xr.copy()
+        Xr[3, 0] = np.nan
+    if mode in ("raise_mid_fit", "die_mid_fit") and rank == 1:
+
+        def callback(info):
+            if info.iteration == 3:
+                if mode == "die_mid_fit":
+                    os._exit(3)
+                raise RuntimeError("boom at iteration 3")
+
+        kw["callback"] = callback
+    start = time.monotonic()
+    try:
+        _model(**kw).fit(Xr, yr, distributed=True)
+    except Exception as exc:
+        return {"error": type(exc).__name__, "message": str(exc), "seconds": time.monotonic() - start}
+    return {"error": None}
+
+
+def _refusal_task(rank, world, kw):
+    Xr, yr = _split([N // world] * world)[rank]
+    try:
+        kgp.KernelRegressor("rbf", **kw).fit(Xr, yr, distributed=True)
+    except Exception as exc:
+        return {"error": type(exc).__name__, "message": str(exc)}
+    return {"error": None}
+
+
+def _save_task(rank, world, path):
+    Xr, yr = _split([N // world] * world)[rank]
+    model = _model().fit(Xr, yr, distributed=True)
+    model.save(path)  # every rank calls it; only rank 0 writes
+    return {"alpha": model.predictor_.alpha.clone()}
+
+
+def _sharded_operator_task(rank, world, counts):
+    X, y = _data()
+    Xr = torch.from_numpy(_split(counts)[rank][0])
+    yr = torch.from_numpy(_split(counts)[rank][1]).unsqueeze(-1)
+    Z = torch.from_numpy(X[:M])
+    kernel = kgp.KernelRegressor("rbf")._build_kernel(torch.float64, torch.device("cpu"))
+    with kdist.guarded(dist.group.WORLD) as channel, torch.no_grad():
+        shard = kdist.shard_rows(channel, Xr.shape[0])
+        op = kgp.kernel_operator(kernel, Xr, Z, shard=shard)
+        v = torch.linspace(-1, 1, M, dtype=torch.float64).unsqueeze(-1)
+        return {
+            "kt_y": op.T @ yr,
+            "transpose": op.transpose_matmul(yr),
+            "fused": op.fused_matmul(v, yr),
+            "fused32": kgp.kernel_operator(kernel, Xr.float(), Z.float(), shard=shard).fused_matmul(
+                v.float(), yr.float(), accumulate=torch.float64
+            ),
+            "offset": shard.offset,
+            "n_total": shard.n_total,
+        }
+
+
+class _PlainCG:
+    """A third-party-style solver: plain CG on the Nystrom system through ``problem.kernel_operator`` only.
+
+    It declares ``supports_distributed`` and does nothing else for it: the operator's transposed
+    products sum over the ranks (docs/plugin-author-guide.md, section 7).
+    """
+
+    option_defaults: dict = {}
+    uses_centers = True
+    supports_distributed = True
+
+    def fit(self, problem):
+        Z = problem.centers.points
+        knm, kmm = problem.kernel_operator(problem.X, Z), problem.kernel_operator(Z)
+        alpha = torch.zeros(Z.shape[0], problem.n_outputs, dtype=problem.dtype)
+        r = knm.T @ problem.y
+        p, rr = r.clone(), (r * r).sum(0)
+        for _ in range(300):
+            hp = knm.fused_matmul(p) + problem.noise * (kmm @ p)
+            step = rr / (p * hp).sum(0)
+            alpha, r = alpha + step * p, r - step * hp
+            rr_new = (r * r).sum(0)
+            if float(rr_new.max()) == 0.0:
+                break
+            p, rr = r + (rr_new / rr) * p, rr_new
+        return kgp.KernelExpansion(problem.kernel, Z, alpha)
+
+
+@kgp.hookimpl
+def _register_plain_cg(register):
+    register("test-plain-cg", _PlainCG())
+
+
+PLAIN_CG_PLUGIN = types.SimpleNamespace(register_solvers=_register_plain_cg)
+
+
+def _plain_cg_task(rank, world, counts):
+    kgp.register(PLAIN_CG_PLUGIN, name="test-plain-cg-plugin")  # a fresh spawned process
+    Xr, yr = _split(counts)[rank]
+    model = _model(solver="test-plain-cg", solver_options=None).fit(Xr, yr, distributed=True)
+    return {"alpha": model.predictor_.alpha.clone(), "centers": model.centers_.clone()}
+
+
+def _suite_task(rank, world, plan):
+    """Several tasks in one process group (spawning costs seconds): ``{name: result}``."""
+    out = {}
+    for name, task, args in plan:
+        try:
+            out[name] = globals()[task](rank, world, *args)
+        except Exception as exc:
+            out[name] = {"error": type(exc).__name__, "message": str(exc)}
+    return out
+
+
+# ---------------------------------------------------------------- tests
+@pytest.fixture(scope="module")
+def single():
+    X, y = _data()
+    model = _model().fit(X, y)
+    return model, X
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("two_ranks")
+    plan = [
+        ("even", "_fit_task", ([120, 120], {})),
+        ("uneven", "_fit_task", ([220, 20], {})),
+        ("seedless", "_fit_task", ([120, 120], {"random_state": None})),
+        ("exact", "_refusal_task", ({"solver": "exact"},)),
+        ("bless", "_refusal_task", ({"solver": "falkon", "centers": "bless"},)),
+        ("save", "_save_task", (str(tmp / "model.kgp"),)),
+        ("float32", "_fit_task", ([130, 110], {"dtype": "float32"})),
+        ("plain_cg", "_plain_cg_task", ([130, 110],)),
+    ]
+    return _spawn(2, "_suite_task", tmp, plan), tmp / "model.kgp"
+
+
+@pytest.fixture(scope="module")
+def three_ranks(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("three_ranks")
+    plan = [
+        ("even", "_fit_task", ([80, 80, 80], {})),
+        ("empty_rank", "_fit_task", ([0, 150, 90], {})),
+        ("operator", "_sharded_operator_task", ([100, 0, 140],)),
+    ]
+    return _spawn(3, "_suite_task", tmp, plan)
+
+
+def _check_fit(results, model, X, counts):
+    alpha = model.predictor_.alpha
+    scale = float(alpha.abs().max())
+    pred = model.predict(X[:50])
+    for r, res in enumerate(results):
+        assert "error" not in res, res
+        assert torch.equal(res["centers"], model.centers_)  # uniform: the same rows, bit for bit
+        assert float((res["alpha"] - alpha).abs().max()) / scale < 1e-8
+        assert torch.equal(res["alpha"], results[0]["alpha"])  # identical on every rank
+        np.testing.assert_allclose(res["pred"], pred, rtol=0, atol=1e-8 * float(np.abs(pred).max()))
+        assert res["shard"] == {"rank": r, "world_size": len(counts), "n_local": counts[r], "n_total": N}
+        assert res["iterations"] == len(model.history_)
+
+
+@pytest.mark.parametrize("case, counts", [("even", (120, 120)), ("uneven", (220, 20))])
+def test_two_ranks_match_one_process(two_ranks, single, case, counts):
+    _check_fit([res[case] for res in two_ranks[0]], *single, counts)
+
+
+@pytest.mark.parametrize("case, counts", [("even", (80, 80, 80)), ("empty_rank", (0, 150, 90))])
+def test_three_ranks_match_one_process(three_ranks, single, case, counts):
+    _check_fit([res[case] for res in three_ranks], *single, counts)
+
+
+def test_random_state_none_uses_rank0_seed(two_ranks):
+    a, b = (res["seedless"] for res in two_ranks[0])
+    assert a["seed"] == b["seed"]
+    assert torch.equal(a["centers"], b["centers"])
+    assert torch.equal(a["alpha"], b["alpha"])
+
+
+def test_sharded_operator_sums_over_ranks(three_ranks):
+    """The backend's transposed passes equal GPyTorch's dense single-process products."""
+    counts = (100, 0, 140)
+    X, y = _data()
+    Xt, yt = torch.from_numpy(X), torch.from_numpy(y).unsqueeze(-1)
+    with torch.no_grad():
+        K = _rbf()(Xt, Xt[:M]).to_dense()
+    v = torch.linspace(-1, 1, M, dtype=torch.float64).unsqueeze(-1)
+    for r, res in enumerate(res["operator"] for res in three_ranks):
+        assert "error" not in res, res
+        assert res["offset"] == sum(counts[:r]) and res["n_total"] == N
+        torch.testing.assert_close(res["kt_y"], K.T @ yt, rtol=1e-12, atol=1e-10)
+        torch.testing.assert_close(res["transpose"], K.T @ yt, rtol=1e-12, atol=1e-10)
+        torch.testing.assert_close(res["fused"], K.T @ (K @ v + yt), rtol=1e-12, atol=1e-10)
+        assert res["fused32"].dtype == torch.float64
+        torch.testing.assert_close(res["fused32"], K.T @ (K @ v + yt), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "case, words",
+    [
+        ("exact", "solver 'exact' does not support distributed fitting"),
+        ("bless", "centers='bless' does not support distributed fitting"),
+    ],
+)
+def test_unsupported_plugins_refuse(two_ranks, case, words):
+    for res in two_ranks[0]:
+        assert res[case]["error"] == "ValueError" and words in res[case]["message"], res[case]
+
+
+def test_save_writes_once_and_loads(two_ranks, single):
+    model, X = single
+    results, path = two_ranks
+    loaded = kgp.load(path)
+    assert torch.equal(loaded.predictor_.alpha, results[0]["save"]["alpha"])
+    np.testing.assert_allclose(loaded.predict(X[:20]), model.predict(X[:20]), rtol=1e-8, atol=1e-10)
+
+
+@pytest.mark.slow
+def test_rank_with_bad_input_fails_every_rank(tmp_path):
+    results = _spawn(2, "_failing_task", tmp_path, "bad_input")
+    assert results[1]["error"] == "ValueError" and "NaN" in results[1]["message"]
+    assert results[0]["error"] == "RankFailedError"
+    assert "rank 1: ValueError: X: contains 1 NaN" in results[0]["message"]
+    assert results[0]["seconds"] - results[1]["seconds"] < 5.0  # told by the store, not by the timeout
+
+
+@pytest.mark.slow
+def test_rank_raising_mid_fit_fails_every_rank(tmp_path):
+    results = _spawn(2, "_failing_task", tmp_path, "raise_mid_fit")
+    assert results[1]["error"] == "RuntimeError"
+    assert results[0]["error"] == "RankFailedError"
+    assert "rank 1: RuntimeError: boom at iteration 3" in results[0]["message"]
+    # rank 0 raised soon after rank 1 (measured 12 ms; both clocks start at the fit call)
+    assert results[0]["seconds"] - results[1]["seconds"] < 5.0
+
+
+@pytest.mark.slow
+def test_rank_dying_mid_fit_fails_the_others(tmp_path):
+    results = _spawn(2, "_failing_task", tmp_path, "die_mid_fit", expect_dead=(1,))
+    assert results[0]["error"] == "DistributedError", results[0]
+    assert "failed on rank 0" in results[0]["message"] and "another rank may have died" in results[0]["message"]
+    assert results[0]["seconds"] < GROUP_TIMEOUT  # the broken connection, not the timeout
+
+
+def _rbf():
+    return kgp.KernelRegressor("rbf")._build_kernel(torch.float64, torch.device("cpu"))
+
+
+def test_exact_solver_refuses_a_sharded_problem():
+    """The solver itself refuses too (a direct fit(problem) call, not only through the model)."""
+
+    class _Shard:
+        world_size, n_total = 2, 10
+
+    X = torch.randn(5, 2, dtype=torch.float64)
+    problem = kgp.Problem(X=X, y=torch.zeros(5, 1, dtype=torch.float64), kernel=_rbf(), noise=0.1)
+    problem.shard = _Shard()
+    with pytest.raises(ValueError, match="cannot fit row-sharded data"):
+        kgp.get_solver("exact").fit(problem)
+
+
+def test_distributed_argument_checks():
+    X, y = _data()
+    with pytest.raises(ValueError, match="initialised torch.distributed process group"):
+        _model().fit(X, y, distributed=True)
+    with pytest.raises(TypeError, match="distributed: expected True, False or a torch.distributed ProcessGroup"):
+        _model().fit(X, y, distributed="yes")
+    # distributed=False is the ordinary local fit
+    assert _model().fit(X, y, distributed=False).shard_ is None
+
+
+def test_float32_falkon_matches_one_process(two_ranks):
+    """float32 passes, float64 sums all-reduced in float64: the one-process float32 fit to float32 rounding."""
+    X, y = _data()
+    model = _model(dtype="float32").fit(X, y)
+    alpha = model.predictor_.alpha
+    for res in (r["float32"] for r in two_ranks[0]):
+        assert "error" not in res, res
+        assert res["alpha"].dtype == torch.float32
+        assert torch.equal(res["centers"], model.centers_)
+        assert float((res["alpha"] - alpha).abs().max() / alpha.abs().max()) < 1e-5
+
+
+def test_third_party_solver_is_distributed_for_free(two_ranks):
+    """A solver that only uses problem.kernel_operator gets the one-process result on 2 ranks."""
+    X, y = _data()
+    kgp.register(PLAIN_CG_PLUGIN, name="test-plain-cg-plugin")
+    try:
+        model = _model(solver="test-plain-cg", solver_options=None).fit(X, y)
+    finally:
+        kgp.unregister("test-plain-cg-plugin")
+    alpha = model.predictor_.alpha
+    for res in (r["plain_cg"] for r in two_ranks[0]):
+        assert "error" not in res, res
+        assert float((res["alpha"] - alpha).abs().max() / alpha.abs().max()) < 1e-8
+
+
+def test_row_range_and_load_rows(tmp_path):
+    from kgp.shard_io import load_rows, row_range
+
+    table = np.arange(7 * 3, dtype=np.float64).reshape(7, 3)
+    np.save(tmp_path / "t.npy", table)
+    assert [row_range(7, r, 3) for r in range(3)] == [(0, 2), (2, 4), (4, 7)]
+    parts = [load_rows(tmp_path / "t.npy", None, r, 3) for r in range(3)]
+    np.testing.assert_array_equal(np.concatenate([p[0] for p in parts]), table[:, :2])
+    np.testing.assert_array_equal(np.concatenate([p[1] for p in parts]), table[:, 2])
+    X0, y0 = load_rows(tmp_path / "t.npy", "0", 0, 1)
+    np.testing.assert_array_equal(y0, table[:, 0])
+    np.testing.assert_array_equal(X0, table[:, 1:])
+    np.savez(tmp_path / "t.npz", X=table)
+    with pytest.raises(ValueError, match="needs a .npy table"):
+        load_rows(tmp_path / "t.npz", None, 0, 2)
+    with pytest.raises(ValueError, match="column 5 is outside the 3 columns"):
+        load_rows(tmp_path / "t.npy", "5", 0, 2)
+    with pytest.raises(ValueError, match="expected 0 <= rank < world_size"):
+        row_range(7, 3, 3)
+
+
+@pytest.mark.slow
+def test_cli_fit_under_torchrun_reads_own_rows(tmp_path):
+    """``torchrun --nproc-per-node 2 -m kgp fit --distributed`` saves the model one process fits."""
+    X, y = _data()
+    np.save(tmp_path / "d.npy", np.column_stack([X, y]))
+    out = tmp_path / "m.kgp"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_free_port())]
+    cmd += ["-m", "kgp", "fit", "--distributed", "--data", str(tmp_path / "d.npy"), "--solver", "falkon"]
+    cmd += ["--centers", "uniform", "--n-centers", str(M), "--seed", "7", "--out", str(out)]
+    cmd += ["--option", "maxiter=60", "--option", "tol=1e-13"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "KGP_DISTRIBUTED_TIMEOUT": str(int(GROUP_TIMEOUT))}
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=JOIN_DEADLINE, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"fitted {N} x {D} on 2 ranks" in done.stdout
+    model = kgp.load(out)
+    reference = _model(random_state=7).fit(X, y)
+    ref = reference.predictor_.alpha
+    assert float((model.predictor_.alpha - ref).abs().max() / ref.abs().max()) < 1e-8
