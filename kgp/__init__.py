@@ -12,7 +12,7 @@ Solvers and center selectors are plugins picked by name (``kgp plugins`` lists t
 
 from . import settings
 from ._version import __version__
-from .diagnostics import ConvergenceWarning, DivergenceError
+from .diagnostics import ConvergenceWarning, DivergenceError, NotFittedError
 from .hookspecs import hookimpl
 from .models import KernelClassifier, KernelRegressor, load
 from .monitor import IterationInfo, Monitor
@@ -32,6 +32,7 @@ __all__ = [
     "KernelOperator",
     "KernelRegressor",
     "Monitor",
+    "NotFittedError",
     "Option",
     "Problem",
     "SelectionRequest",

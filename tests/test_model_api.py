@@ -188,7 +188,7 @@ def test_predict_checks():
     with pytest.raises(RuntimeError, match="not fitted"):
         model.predict(X)
     model.fit(X, y)
-    with pytest.raises(ValueError, match="X: expected 3 features, got 2"):
+    with pytest.raises(ValueError, match="X has 2 features, but KernelRegressor is expecting 3 features as input"):
         model.predict(X[:, :2])
 
 

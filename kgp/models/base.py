@@ -22,12 +22,14 @@ import torch
 from torch import Tensor
 
 from .. import io
+from ..diagnostics import not_fitted
 from ..kernels import KERNEL_SHORTCUTS, make_kernel
 from ..kernels.serialize import kernel_from_spec, kernel_to_spec
 from ..monitor import IterationInfo, Monitor
 from ..plugin import Centers, Problem, SelectionRequest, merge_options
 from ..registry import UnknownPluginError, get_predictor_class, get_selector, get_solver
 from ..validation import check_n_centers, check_positive, resolve_dtype, to_tensor
+from .sklearn_compat import SklearnProtocol, feature_names_of
 
 __all__ = ["BaseKernelModel"]
 
@@ -67,7 +69,7 @@ def _default_selector() -> Any:
     return _get_plugin(get_selector, DEFAULT_SELECTOR, DEFAULT_SELECTOR, "centers=<selector name or array>", "selector")
 
 
-class BaseKernelModel:
+class BaseKernelModel(SklearnProtocol):
     """Parameters and fitting logic shared by :class:`KernelRegressor` and :class:`KernelClassifier`.
 
     See :class:`kgp.KernelRegressor` for the parameters. Subclasses say how targets are encoded
@@ -208,6 +210,7 @@ class BaseKernelModel:
         self
         """
         setup = self._validate()
+        feature_names = feature_names_of(X)
         Xt = to_tensor(X, "X", ndim=(2,), dtype=setup.dtype, device=setup.device)
         Y, targets = self._encode_fit_targets(y, Xt)
         if Y.shape[0] != Xt.shape[0]:
@@ -236,6 +239,7 @@ class BaseKernelModel:
             targets=targets,
             fit_time=time.perf_counter() - start,
             chunks_seen=1,  # a partial_fit continuing this fit draws from seed + 2 on
+            feature_names=feature_names,
         )
         return self
 
@@ -315,6 +319,7 @@ class BaseKernelModel:
         targets: dict[str, Any],
         fit_time: float,
         chunks_seen: int = 0,
+        feature_names: np.ndarray | None = None,
     ) -> None:
         """Write every fitted attribute (the one place that does: fit, partial_fit and load call it)."""
         self.kernel_ = kernel
@@ -331,21 +336,30 @@ class BaseKernelModel:
         self.device_ = device
         self.fit_time_ = fit_time
         self._chunks_seen = chunks_seen
+        if feature_names is not None:
+            self.feature_names_in_ = feature_names
+        elif hasattr(self, "feature_names_in_"):
+            del self.feature_names_in_  # refitted on an array: the old names no longer describe X
         for name, value in targets.items():
             setattr(self, name, value)
 
     # ------------------------------------------------------------------ prediction helpers
     def _check_fitted(self) -> None:
         if not hasattr(self, "predictor_"):
-            raise RuntimeError(f"this {type(self).__name__} is not fitted yet; call fit(X, y) first")
+            raise not_fitted(f"this {type(self).__name__} is not fitted yet; call fit(X, y) first")
 
     def _raw_predict(self, X) -> tuple[Tensor, bool]:
         """Return the ``n x k`` predictor output and whether the input was numpy-like."""
         self._check_fitted()
         is_tensor = isinstance(X, Tensor)
+        self._check_feature_names(X)
         Xt = to_tensor(X, "X", ndim=(2,), dtype=self.dtype_, device=self.device_)
         if Xt.shape[1] != self.n_features_in_:
-            raise ValueError(f"X: expected {self.n_features_in_} features, got {Xt.shape[1]}")
+            # scikit-learn's wording (its checks match it)
+            raise ValueError(
+                f"X has {Xt.shape[1]} features, but {type(self).__name__} is expecting "
+                f"{self.n_features_in_} features as input"
+            )
         with torch.no_grad():
             out = self.predictor_.predict(Xt)
         if out.dim() == 1:
@@ -378,6 +392,8 @@ class BaseKernelModel:
         params["dtype"] = str(self.dtype_).replace("torch.", "")
         fitted: dict[str, Any] = {"n_features_in": int(self.n_features_in_), "seed": int(self.seed_)}
         fitted.update(self._target_state())
+        if getattr(self, "feature_names_in_", None) is not None:
+            fitted["feature_names"] = [str(name) for name in self.feature_names_in_]
         if self.center_weights_ is not None:
             fitted["center_weights"] = self.center_weights_.detach().cpu()
         io.write_model(
@@ -434,6 +450,7 @@ class BaseKernelModel:
             device=device,
             targets=cls._targets_from_state(fitted),
             fit_time=0.0,
+            feature_names=None if "feature_names" not in fitted else np.asarray(fitted["feature_names"], dtype=object),
         )
         return model
 
