@@ -170,7 +170,7 @@ class BaseKernelModel(SklearnProtocol):
         if not solver.uses_centers:
             if self.centers is not None or self.n_centers is not None:
                 raise ValueError(
-                    f"solver {self.solver!r} uses every training point and takes no centers; "
+                    f"solver {self.solver!r} takes no centers (it uses no inducing points or Nystrom centers); "
                     "leave centers and n_centers as None"
                 )
         elif self.centers is None or isinstance(self.centers, str):
