@@ -14,7 +14,7 @@ from . import settings
 from ._version import __version__
 from .diagnostics import ConvergenceWarning, DivergenceError, NotFittedError
 from .hookspecs import hookimpl
-from .models import KernelClassifier, KernelRegressor, load
+from .models import KernelClassifier, KernelRegressor, ModelFileError, load
 from .monitor import IterationInfo, Monitor
 from .operators import KernelOperator, kernel_operator
 from .options import Option
@@ -31,6 +31,7 @@ __all__ = [
     "KernelExpansion",
     "KernelOperator",
     "KernelRegressor",
+    "ModelFileError",
     "Monitor",
     "NotFittedError",
     "Option",

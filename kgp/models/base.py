@@ -163,7 +163,7 @@ class BaseKernelModel(SklearnProtocol):
         if self.callback is not None and not callable(self.callback):
             raise TypeError("callback: expected a callable taking an IterationInfo")
         dtype = resolve_dtype(self.dtype)
-        device = torch.device(self.device) if self.device is not None else None
+        device = _check_device(self.device)
         solver = _get_plugin(get_solver, self.solver, DEFAULT_SOLVER, "solver=<name>", "solver")
         solver_options = merge_options(f"solver {self.solver!r}", solver.option_defaults, self.solver_options)
         selector_name, selector, selector_options = None, None, {}
@@ -453,6 +453,19 @@ class BaseKernelModel(SklearnProtocol):
             feature_names=None if "feature_names" not in fitted else np.asarray(fitted["feature_names"], dtype=object),
         )
         return model
+
+
+def _check_device(device: Any) -> torch.device | None:
+    """``device`` as a torch.device; a ValueError naming it if torch does not know it or it is absent here."""
+    if device is None:
+        return None
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device: expected a torch device such as 'cpu' or 'cuda:0', got {device!r} ({exc})") from None
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device: {device!r} requested, but CUDA is not available to this torch ({torch.__version__})")
+    return resolved
 
 
 @contextlib.contextmanager
