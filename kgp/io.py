@@ -22,7 +22,16 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "ModelFileError", "checksum", "read_model", "to_device", "write_model"]
+__all__ = [
+    "FORMAT",
+    "FORMAT_VERSION",
+    "ModelFileError",
+    "checksum",
+    "one_line",
+    "read_model",
+    "to_device",
+    "write_model",
+]
 
 FORMAT = "kgp-model"
 FORMAT_VERSION = 2  # 2: adds "checksum"; version-1 files (no checksum) are still read
@@ -94,6 +103,10 @@ def read_model(path: str | os.PathLike) -> dict[str, Any]:
         raise ModelFileError(f"{path}: is a directory, not a model file")
     if file.stat().st_size == 0:
         raise ModelFileError(f"{path}: empty file, not a kgp model file")
+    with open(file, "rb") as fh:
+        magic = fh.read(4)
+    if magic != b"PK\x03\x04":  # torch.save writes a zip archive; anything else is someone else's file
+        raise ModelFileError(f"{path}: not a kgp model file (not a torch zip archive)")
     try:
         state = torch.load(file, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
@@ -105,7 +118,7 @@ def read_model(path: str | os.PathLike) -> dict[str, Any]:
     except Exception as exc:  # torch raises RuntimeError, EOFError, OSError, ... for damaged archives
         raise ModelFileError(
             f"{path}: cannot be read as a kgp model file: not one, or truncated or corrupted "
-            f"({type(exc).__name__}: {_first_line(exc)})"
+            f"({type(exc).__name__}: {one_line(exc)})"
         ) from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise ModelFileError(f"{path}: not a kgp model file (no '{FORMAT}' format tag)")
@@ -127,10 +140,12 @@ def read_model(path: str | os.PathLike) -> dict[str, Any]:
     return state
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    line = text[0] if text else "no details"
-    return line if "weights_only" not in line else "unsupported contents"
+def one_line(exc: BaseException) -> str:
+    """The exception's message on one line (at most 300 characters), never torch's weights_only advice."""
+    line = " ".join(str(exc).split()) or "no details"
+    if "weights_only" in line:
+        return "unsupported contents"
+    return line if len(line) <= 300 else line[:297] + "..."
 
 
 def to_device(value: Any, device: torch.device, dtype: torch.dtype) -> Any:

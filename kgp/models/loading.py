@@ -61,7 +61,7 @@ def load(path: str | os.PathLike, *, device: str | torch.device | None = None) -
     except ModelFileError:
         raise
     except (KeyError, TypeError, ValueError, IndexError, RuntimeError, AttributeError) as exc:
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        message = io.one_line(exc)
         if message.startswith(str(path)):  # already names the file (e.g. a plugin that is not installed)
             raise ModelFileError(message) from None
         raise ModelFileError(f"{path}: inconsistent model file: {type(exc).__name__}: {message}") from None
@@ -148,7 +148,7 @@ def _probe(model: BaseKernelModel, path) -> None:
     except (RuntimeError, ValueError, IndexError, TypeError) as exc:
         raise ModelFileError(
             f"{path}: inconsistent model file: its predictor fails on {model.n_features_in_} features "
-            f"({type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''})"
+            f"({type(exc).__name__}: {io.one_line(exc)})"
         ) from None
     out = out.unsqueeze(-1) if out.dim() == 1 else out
     if tuple(out.shape) != (2, outputs):
