@@ -12,7 +12,7 @@ Solvers and center selectors are plugins picked by name (``kgp plugins`` lists t
 
 from . import settings
 from ._version import __version__
-from .diagnostics import ConvergenceWarning, DivergenceError, NotFittedError
+from .diagnostics import ConvergenceWarning, DivergenceError, IllConditionedError, NotFittedError
 from .hookspecs import hookimpl
 from .models import KernelClassifier, KernelRegressor, ModelFileError, load
 from .monitor import IterationInfo, Monitor
@@ -26,6 +26,7 @@ __all__ = [
     "Centers",
     "ConvergenceWarning",
     "DivergenceError",
+    "IllConditionedError",
     "IterationInfo",
     "KernelClassifier",
     "KernelExpansion",

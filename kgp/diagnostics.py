@@ -15,7 +15,16 @@ from __future__ import annotations
 import sys
 import warnings
 
-__all__ = ["ConvergenceWarning", "DivergenceError", "NotFittedError", "diverged", "not_fitted", "warn_not_converged"]
+__all__ = [
+    "ConvergenceWarning",
+    "DivergenceError",
+    "IllConditionedError",
+    "NotFittedError",
+    "diverged",
+    "ill_conditioned",
+    "not_fitted",
+    "warn_not_converged",
+]
 
 
 class ConvergenceWarning(RuntimeWarning):
@@ -24,6 +33,19 @@ class ConvergenceWarning(RuntimeWarning):
 
 class DivergenceError(FloatingPointError):
     """An iterative solver diverged (non-finite or exploding iterates); no usable result exists."""
+
+
+class IllConditionedError(ValueError):
+    """A dense factorization or eigen-decomposition failed: the problem is too ill-conditioned for the data."""
+
+
+def ill_conditioned(where: str, detail: str) -> IllConditionedError:
+    """An :class:`IllConditionedError` for a raw LAPACK failure in ``where`` (a plugin or routine)."""
+    return IllConditionedError(
+        f"{where}: numerical failure ({detail}); the kernel matrix is too ill-conditioned for these inputs. "
+        "Likely cause: duplicate or nearly identical points with a tiny noise, unscaled features (extreme "
+        "magnitudes), or float32; remedy: standardise the columns of X, use dtype='float64', or increase noise"
+    )
 
 
 class NotFittedError(RuntimeError, ValueError, AttributeError):

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from .. import io
-from ..diagnostics import not_fitted
+from ..diagnostics import ill_conditioned, not_fitted
 from ..kernels import KERNEL_SHORTCUTS, make_kernel
 from ..kernels.serialize import kernel_from_spec, kernel_to_spec
 from ..monitor import IterationInfo, Monitor
@@ -477,13 +477,21 @@ def _closing(monitor: Monitor) -> Iterator[Monitor]:
         monitor.close()
 
 
-def _gradients(plugin: Any) -> contextlib.AbstractContextManager:
-    """``torch.no_grad()`` unless the plugin declares ``needs_grad = True``.
+@contextlib.contextmanager
+def _gradients(plugin: Any) -> Iterator[None]:
+    """Run a plugin call under ``torch.no_grad()`` unless the plugin declares ``needs_grad = True``.
 
     A solver that multiplies with the kernel operator while the kernel's hyperparameters require
-    gradients would otherwise build an autograd graph across all its iterations.
+    gradients would otherwise build an autograd graph across all its iterations. A raw
+    ``torch.linalg.LinAlgError`` escaping the plugin (LAPACK gave up) becomes kgp's
+    :class:`~kgp.diagnostics.IllConditionedError`, which says what it means and what helps.
     """
-    return contextlib.nullcontext() if getattr(plugin, "needs_grad", False) else torch.no_grad()
+    grad = contextlib.nullcontext() if getattr(plugin, "needs_grad", False) else torch.no_grad()
+    try:
+        with grad:
+            yield
+    except torch.linalg.LinAlgError as exc:
+        raise ill_conditioned(type(plugin).__name__, io.one_line(exc)) from exc
 
 
 def _same(value: Any, default: Any) -> bool:
