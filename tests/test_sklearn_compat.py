@@ -238,3 +238,13 @@ def test_classifier_label_errors():
         kgp.KernelClassifier().fit(X, np.array(["a", 1, "a", 1], dtype=object))
     with pytest.raises(ValueError, match="Unknown label type: continuous"):
         kgp.KernelClassifier().fit(X, np.array([0.5, 1.0, 0.5, 2.0]))
+
+
+def test_readme_lists_every_builtin_plugin():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    table = readme.split("## Built-in plugins")[1].split("\n## ")[0]
+    listed = {line.split("`")[1] for line in table.splitlines() if line.startswith("| `")}
+    builtins = {info.name for info in kgp.list_plugins() if info.distribution == "kgp"}
+    assert builtins and listed == builtins
