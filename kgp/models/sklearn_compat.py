@@ -132,11 +132,11 @@ class solver_method:
     def __get__(self, obj, owner=None):
         if obj is None:
             return self.method
-        from ..registry import UnknownPluginError, get_solver
+        from ..registry import get_solver
 
         try:
             solver = get_solver(obj.solver) if isinstance(obj.solver, str) else None
-        except UnknownPluginError:
+        except Exception:  # noqa: BLE001 - an attribute lookup may raise only AttributeError; the call reports it
             solver = None
         if solver is not None and not hasattr(solver, self.name):
             raise AttributeError(
