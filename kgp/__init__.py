@@ -12,9 +12,9 @@ Solvers and center selectors are plugins picked by name (``kgp plugins`` lists t
 
 from . import settings
 from ._version import __version__
-from .diagnostics import ConvergenceWarning, DivergenceError
+from .diagnostics import ConvergenceWarning, DivergenceError, IllConditionedError, NotFittedError
 from .hookspecs import hookimpl
-from .models import KernelClassifier, KernelRegressor, load
+from .models import KernelClassifier, KernelRegressor, ModelFileError, load
 from .monitor import IterationInfo, Monitor
 from .operators import KernelOperator, kernel_operator
 from .options import Option
@@ -26,12 +26,15 @@ __all__ = [
     "Centers",
     "ConvergenceWarning",
     "DivergenceError",
+    "IllConditionedError",
     "IterationInfo",
     "KernelClassifier",
     "KernelExpansion",
     "KernelOperator",
     "KernelRegressor",
+    "ModelFileError",
     "Monitor",
+    "NotFittedError",
     "Option",
     "Problem",
     "SelectionRequest",

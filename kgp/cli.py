@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import argparse
 import ast
-import csv
-import gzip
 import os
+import re
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+from ._version import __version__
+from .cli_data import HEADER_CHOICES, NamedColumns, align_features, read_data
 
 __all__ = ["main"]
 
@@ -24,27 +26,56 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return args.func(args)
-    except (ValueError, TypeError, FileNotFoundError, RuntimeError, MemoryError) as exc:
-        print(f"kgp {args.command}: error: {exc}", file=sys.stderr)
+    except (ValueError, TypeError, FileNotFoundError, RuntimeError, MemoryError, OSError) as exc:
+        print(f"kgp {args.command}: error: {cli_words(str(exc))}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(f"kgp {args.command}: interrupted; nothing was written", file=sys.stderr)
+        return 130
+
+
+# Python spellings in messages from the estimators, and the flags a CLI user types instead.
+_CLI_WORDS = [
+    (re.compile(r"\bsolver='([^']*)'"), r"--solver \1"),
+    (re.compile(r"\bsolver=<name>"), "--solver NAME"),
+    (re.compile(r"\bcenters=<selector name or array>"), "--centers NAME"),
+    (re.compile(r"\bleave centers and n_centers as None"), "leave out --centers and --n-centers"),
+    (re.compile(r"\bn_centers=(\d+)"), r"--n-centers \1"),
+    (re.compile(r"\bn_centers\b"), "--n-centers"),
+    (re.compile(r"\bsolver_options\b"), "--option"),
+    (re.compile(r"\bselector_options\b"), "--selector-option"),
+    (re.compile(r"\brandom_state\b"), "--seed"),
+    (re.compile(r"^(noise|lengthscale|kernel|dtype|device|centers):"), r"--\1:"),
+]
+
+
+def cli_words(message: str) -> str:
+    """Rewrite the estimators' Python parameter spellings (``solver='falkon'``) as CLI flags (``--solver falkon``)."""
+    for pattern, replacement in _CLI_WORDS:
+        message = pattern.sub(replacement, message)
+    return message
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kgp", description="Large-scale kernel regression with pluggable solvers.")
+    p.add_argument("--version", action="version", version=f"kgp {__version__}")
     sub = p.add_subparsers(dest="command")
+    defaults = argparse.ArgumentDefaultsHelpFormatter
 
-    demo = sub.add_parser("demo", help="fit every installed solver on the shipped concrete data set")
+    demo = sub.add_parser(
+        "demo", help="fit every installed solver on the shipped concrete data set", formatter_class=defaults
+    )
     demo.add_argument("--solver", action="append", help="solver name (repeatable; default: every installed solver)")
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--seed", type=int, default=0, help="seed of the train/test split and of the solvers")
     demo.set_defaults(func=_cmd_demo)
 
-    fit = sub.add_parser("fit", help="fit a model on a .npz (X, y) or .csv file and save it")
-    _add_data_args(fit)
+    fit = sub.add_parser("fit", help="fit a model on a .npz (X, y) or .csv file and save it", formatter_class=defaults)
+    _add_data_args(fit, predict=False)
     fit.add_argument("--solver", default="exact", help="solver plugin name (see `kgp plugins`)")
-    fit.add_argument("--centers", default=None, help="center-selector plugin name")
-    fit.add_argument("--n-centers", type=int, default=None)
+    fit.add_argument("--centers", default=None, help="center-selector plugin name (None: the default, uniform)")
+    fit.add_argument("--n-centers", type=int, default=None, help="number of centers M (None: the selector's choice)")
     fit.add_argument("--kernel", default="rbf", help="rbf, laplacian, matern32, matern52 or linear")
-    fit.add_argument("--lengthscale", type=float, default=1.0)
+    fit.add_argument("--lengthscale", type=float, default=1.0, help="kernel lengthscale")
     fit.add_argument("--noise", type=float, default=1e-2, help="GP noise variance sigma^2")
     fit.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="solver option (repeatable)")
     fit.add_argument(
@@ -54,10 +85,11 @@ def _parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="center-selector option (repeatable; see `kgp plugins --options NAME`)",
     )
-    fit.add_argument("--dtype", default="float64", choices=["float32", "float64"])
-    fit.add_argument("--seed", type=int, default=0)
+    fit.add_argument("--dtype", default="float64", choices=["float32", "float64"], help="floating-point precision")
+    fit.add_argument("--device", default=None, help="torch device to fit on, e.g. cuda or cuda:1 (None: CPU)")
+    fit.add_argument("--seed", type=int, default=0, help="random seed (center selection, stochastic solvers)")
     fit.add_argument("--classify", action="store_true", help="fit a KernelClassifier instead of a regressor")
-    fit.add_argument("--progress", action="store_true")
+    fit.add_argument("--progress", action="store_true", help="show a progress bar for iterative solvers")
     fit.add_argument("--out", required=True, help="model file to write")
     fit.add_argument(
         "--distributed",
@@ -67,9 +99,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     fit.set_defaults(func=_cmd_fit)
 
-    pred = sub.add_parser("predict", help="predict with a saved model")
-    pred.add_argument("--model", required=True)
-    _add_data_args(pred, target_required=False)
+    pred = sub.add_parser("predict", help="predict with a saved model", formatter_class=defaults)
+    pred.add_argument("--model", required=True, help="model file written by `kgp fit`")
+    _add_data_args(pred, predict=True)
+    pred.add_argument("--device", default=None, help="torch device to predict on (None: CPU)")
     pred.add_argument("--out", help="write predictions here (.csv or .npy); default: print a summary only")
     pred.set_defaults(func=_cmd_predict)
 
@@ -91,58 +124,24 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _add_data_args(p: argparse.ArgumentParser, target_required: bool = True) -> None:
-    p.add_argument("--data", required=True, help=".npz with arrays X and y, or .csv / .csv.gz")
-    p.add_argument(
-        "--target",
-        default=None,
-        help="target column of a CSV (name if it has a header, else index; default: last column). "
-        "For .npz: the array name (default y).",
-    )
-
-
-# ---------------------------------------------------------------------- data loading
-def load_table(path: str, target: str | None, *, require_target: bool = True):
-    """Load ``(X, y)`` from a .npz (arrays X and y) or a CSV (header optional); y may be None."""
-    file = Path(path)
-    if not file.exists():
-        raise FileNotFoundError(f"--data: no such file {path}")
-    if file.suffix == ".npz":
-        with np.load(file, allow_pickle=False) as z:
-            if "X" not in z.files:
-                raise ValueError(f"--data: {path} has no array 'X' (arrays: {', '.join(z.files)})")
-            key = target or "y"
-            if key not in z.files:
-                if require_target:
-                    raise ValueError(f"--target: {path} has no array {key!r} (arrays: {', '.join(z.files)})")
-                return z["X"], None
-            return z["X"], z[key]
-    opener = gzip.open if file.suffix == ".gz" else open
-    with opener(file, "rt", newline="") as fh:
-        rows = [row for row in csv.reader(fh) if row]
-    if not rows:
-        raise ValueError(f"--data: {path} is empty")
-    header = None
-    try:
-        [float(v) for v in rows[0]]
-    except ValueError:
-        header, rows = rows[0], rows[1:]
-    try:
-        table = np.array(rows, dtype=np.float64)
-    except ValueError as exc:
-        raise ValueError(f"--data: {path} has non-numeric values ({exc})") from exc
-    if target is None:
-        if not require_target:
-            return table, None
-        col = table.shape[1] - 1
-    elif header is not None and target in header:
-        col = header.index(target)
+def _add_data_args(p: argparse.ArgumentParser, *, predict: bool) -> None:
+    p.add_argument("--data", required=True, help=".npz with arrays X and y (optional feature_names), or .csv / .csv.gz")
+    if predict:
+        target_help = (
+            "score the predictions against this column (CSV: name, or index from 0; .npz: array name). "
+            "Without it nothing is scored, whatever the file holds"
+        )
     else:
-        try:
-            col = int(target) % table.shape[1]
-        except ValueError:
-            raise ValueError(f"--target: {target!r} is not a column name or index of {path}") from None
-    return np.delete(table, col, axis=1), table[:, col]
+        target_help = (
+            "target column (CSV: name, or index from 0; default: the last column; .npz: array name, default y)"
+        )
+    p.add_argument("--target", default=None, help=target_help)
+    p.add_argument(
+        "--header",
+        default="auto",
+        choices=HEADER_CHOICES,
+        help="whether a CSV's first row names the columns (auto: yes when it has a non-numeric field)",
+    )
 
 
 def _parse_options(items: list[str], flag: str) -> dict:
@@ -208,7 +207,8 @@ def _cmd_fit(args) -> int:
 
     if getattr(args, "distributed", False):
         return _cmd_fit_distributed(args)
-    X, y = load_table(args.data, args.target)
+    data = read_data(args.data, args.target, want_target=True, header=args.header)
+    X = NamedColumns(data.X, data.names) if data.names is not None else data.X
     estimator = kgp.KernelClassifier if args.classify else kgp.KernelRegressor
     model = estimator(
         args.kernel,
@@ -219,16 +219,21 @@ def _cmd_fit(args) -> int:
         n_centers=args.n_centers,
         solver_options=_parse_options(args.option, "--option"),
         selector_options=_parse_options(args.selector_option, "--selector-option"),
+        device=args.device,
         dtype=args.dtype,
         random_state=args.seed,
         progress=args.progress,
     )
-    model.fit(X, y)
-    model.save(args.out)
+    model.fit(X, data.y)
+    try:
+        model.save(args.out)
+    except OSError as exc:
+        raise OSError(f"--out: cannot write {args.out} ({exc.strerror or exc})") from None
     metric = "accuracy" if args.classify else "R2"
+    features = f"features {', '.join(data.names)}" if data.names is not None else f"{data.X.shape[1]} features"
     print(
-        f"solver {args.solver}: fitted {X.shape[0]} x {X.shape[1]} in {model.fit_time_:.3f} s; "
-        f"training {metric} {model.score(X, y):.4f}; saved to {args.out}"
+        f"solver {args.solver}: fitted {data.X.shape[0]} x {data.X.shape[1]} in {model.fit_time_:.3f} s "
+        f"(target {data.target}; {features}); training {metric} {model.score(X, data.y):.4f}; saved to {args.out}"
     )
     return 0
 
@@ -236,21 +241,37 @@ def _cmd_fit(args) -> int:
 def _cmd_predict(args) -> int:
     import kgp
 
-    model = kgp.load(args.model)
-    X, y = load_table(args.data, args.target, require_target=args.target is not None)
-    if X.shape[1] != model.n_features_in_ and y is None and X.shape[1] == model.n_features_in_ + 1:
-        X = X[:, :-1]  # a CSV that still holds the target in its last column
+    if not Path(args.model).exists():
+        raise FileNotFoundError(f"--model: no such file {args.model}")
+    if Path(args.model).is_dir():
+        raise ValueError(f"--model: {args.model} is a directory; expected a model file written by `kgp fit`")
+    try:
+        model = kgp.load(args.model, device=args.device)
+    except (ValueError, TypeError, OSError, RuntimeError) as exc:
+        message = str(exc)
+        raise ValueError(message if message.startswith("--model") else f"--model: {message}") from None
+    data = read_data(args.data, args.target, want_target=args.target is not None, header=args.header)
+    data, note = align_features(data, getattr(model, "feature_names_in_", None), model.n_features_in_)
+    if note:
+        print(f"kgp predict: note: {note}", file=sys.stderr)
+    names = getattr(model, "feature_names_in_", None)
+    X = NamedColumns(data.X, list(names)) if names is not None else data.X
     pred = model.predict(X)
     if args.out:
         out = Path(args.out)
-        if out.suffix == ".npy":
-            np.save(out, pred)
-        else:
-            np.savetxt(out, np.asarray(pred).reshape(len(pred), -1), delimiter=",", fmt="%s")
+        try:
+            if out.suffix == ".npy":
+                np.save(out, pred)
+            else:
+                np.savetxt(out, np.asarray(pred).reshape(len(pred), -1), delimiter=",", fmt="%s")
+        except OSError as exc:
+            raise OSError(f"--out: cannot write {args.out} ({exc.strerror or exc})") from None
     summary = f"predicted {len(pred)} rows with solver {model.solver_name_}"
-    if y is not None:
+    if data.y is not None:
         metric = "accuracy" if hasattr(model, "classes_") else "R2"
-        summary += f"; {metric} {model.score(X, y):.4f}"
+        summary += f"; scored against {data.target}: {metric} {model.score(X, data.y):.4f}"
+    if data.ignored:
+        summary += f"; columns not used: {', '.join(data.ignored)}"
     print(summary + (f"; written to {args.out}" if args.out else ""))
     return 0
 

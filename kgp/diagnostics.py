@@ -12,9 +12,19 @@ A solver never returns a result it knows to be garbage without saying so.
 
 from __future__ import annotations
 
+import sys
 import warnings
 
-__all__ = ["ConvergenceWarning", "DivergenceError", "diverged", "warn_not_converged"]
+__all__ = [
+    "ConvergenceWarning",
+    "DivergenceError",
+    "IllConditionedError",
+    "NotFittedError",
+    "diverged",
+    "ill_conditioned",
+    "not_fitted",
+    "warn_not_converged",
+]
 
 
 class ConvergenceWarning(RuntimeWarning):
@@ -23,6 +33,45 @@ class ConvergenceWarning(RuntimeWarning):
 
 class DivergenceError(FloatingPointError):
     """An iterative solver diverged (non-finite or exploding iterates); no usable result exists."""
+
+
+class IllConditionedError(ValueError):
+    """A dense factorization or eigen-decomposition failed: the problem is too ill-conditioned for the data."""
+
+
+def ill_conditioned(where: str, detail: str) -> IllConditionedError:
+    """An :class:`IllConditionedError` for a raw LAPACK failure in ``where`` (a plugin or routine)."""
+    return IllConditionedError(
+        f"{where}: numerical failure ({detail}); the kernel matrix is too ill-conditioned for these inputs. "
+        "Likely cause: duplicate or nearly identical points with a tiny noise, unscaled features (extreme "
+        "magnitudes), or float32; remedy: standardise the columns of X, use dtype='float64', or increase noise"
+    )
+
+
+class NotFittedError(RuntimeError, ValueError, AttributeError):
+    """A method that needs a fitted estimator was called before ``fit``.
+
+    A RuntimeError (what kgp raised before), and a ValueError and AttributeError like
+    scikit-learn's ``NotFittedError``, so that scikit-learn's tools recognise it. When scikit-learn
+    is imported, :func:`not_fitted` raises a subclass that is also scikit-learn's ``NotFittedError``.
+    """
+
+
+_SKLEARN_NOT_FITTED: dict[type, type] = {}
+
+
+def not_fitted(message: str) -> NotFittedError:
+    """A :class:`NotFittedError`; also an instance of scikit-learn's if scikit-learn is imported.
+
+    kgp never imports scikit-learn itself; code that catches scikit-learn's class has imported it.
+    """
+    sklearn_exceptions = sys.modules.get("sklearn.exceptions")
+    base = getattr(sklearn_exceptions, "NotFittedError", None)
+    if base is None:
+        return NotFittedError(message)
+    if base not in _SKLEARN_NOT_FITTED:
+        _SKLEARN_NOT_FITTED[base] = type("NotFittedError", (NotFittedError, base), {"__module__": __name__})
+    return _SKLEARN_NOT_FITTED[base](message)
 
 
 def _message(solver: str, what: str, cause: str, remedy: str) -> str:

@@ -1,26 +1,88 @@
 """The model file format: plain tensors and values, loadable with ``torch.load(weights_only=True)``.
 
-This module knows the container (format tag, version, how to read and write it), not the
-estimators: :meth:`kgp.KernelRegressor.save` builds the contents and :func:`kgp.load` rebuilds the
-estimator from them.
+This module knows the container (format tag, version, checksum, how to read and write it), not
+the estimators: :meth:`kgp.KernelRegressor.save` builds the contents and :func:`kgp.load` checks
+and rebuilds the estimator from them.
+
+Every problem with a file's contents is a :class:`ModelFileError` (a ValueError) with one line
+naming the file and what is wrong: empty, truncated or foreign files, files holding Python objects
+(never unpickled: ``torch.load(weights_only=True)`` refuses them and kgp says so without torch's
+advice to disable that protection), unsupported versions, and contents changed after saving
+(format version 2 stores a SHA-256 over every tensor and value).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import pickle
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "read_model", "to_device", "write_model"]
+__all__ = [
+    "FORMAT",
+    "FORMAT_VERSION",
+    "ModelFileError",
+    "checksum",
+    "one_line",
+    "read_model",
+    "to_device",
+    "write_model",
+]
 
 FORMAT = "kgp-model"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: adds "checksum"; version-1 files (no checksum) are still read
+_READABLE = (1, 2)
+
+
+class ModelFileError(ValueError):
+    """A model file that cannot be used: empty, truncated, foreign, tampered with or inconsistent."""
+
+
+def checksum(contents: dict[str, Any]) -> str:
+    """SHA-256 over every tensor (dtype, shape, bytes) and plain value of ``contents``, keys sorted.
+
+    Detects bytes changed after saving (a flipped bit, an edited value); it is not a signature:
+    whoever can write the file can recompute it, which is why :func:`kgp.load` also validates the
+    contents themselves.
+    """
+    digest = hashlib.sha256()
+    _feed(digest, {k: v for k, v in contents.items() if k != "checksum"})
+    return "sha256:" + digest.hexdigest()
+
+
+def _feed(digest, value: Any) -> None:
+    if torch.is_tensor(value):
+        flat = value.detach().cpu().contiguous().reshape(-1)
+        digest.update(f"T{flat.dtype}{tuple(value.shape)}".encode())
+        digest.update(flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"")
+    elif isinstance(value, dict):
+        digest.update(f"D{len(value)}".encode())
+        for key in sorted(value, key=repr):
+            _feed(digest, key)
+            _feed(digest, value[key])
+    elif isinstance(value, (list, tuple)):
+        digest.update(f"{type(value).__name__[0]}{len(value)}".encode())
+        for item in value:
+            _feed(digest, item)
+    elif isinstance(value, np.ndarray):
+        _feed(digest, torch.from_numpy(np.ascontiguousarray(value)) if value.dtype.kind in "biuf" else value.tolist())
+    elif isinstance(value, np.generic):
+        _feed(digest, value.item())
+    elif value is None or isinstance(value, (bool, int, float, str)):
+        digest.update(f"{type(value).__name__}:{value!r};".encode())
+    else:
+        raise TypeError(f"model file contents: {type(value).__name__} is not a tensor or plain value")
 
 
 def write_model(contents: dict[str, Any], path: str | os.PathLike) -> None:
-    """Write ``contents`` (tensors and plain values only) with the format tag and version."""
-    torch.save({"format": FORMAT, "format_version": FORMAT_VERSION, **contents}, path)
+    """Write ``contents`` (tensors and plain values only) with the format tag, version and checksum."""
+    full = {"format": FORMAT, "format_version": FORMAT_VERSION, **contents}
+    full["checksum"] = checksum(full)
+    torch.save(full, path)
 
 
 def read_model(path: str | os.PathLike) -> dict[str, Any]:
@@ -28,15 +90,62 @@ def read_model(path: str | os.PathLike) -> dict[str, Any]:
 
     Raises
     ------
-    ValueError
-        If the file is not a kgp model file or has an unsupported format version.
+    FileNotFoundError
+        If there is no such file.
+    ModelFileError
+        If the file is empty, unreadable, not a kgp model file, of an unsupported format version,
+        or its checksum does not match its contents.
     """
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    file = Path(path)
+    if not file.exists():
+        raise FileNotFoundError(f"{path}: no such file")
+    if file.is_dir():
+        raise ModelFileError(f"{path}: is a directory, not a model file")
+    if file.stat().st_size == 0:
+        raise ModelFileError(f"{path}: empty file, not a kgp model file")
+    with open(file, "rb") as fh:
+        magic = fh.read(4)
+    if magic != b"PK\x03\x04":  # torch.save writes a zip archive; anything else is someone else's file
+        raise ModelFileError(f"{path}: not a kgp model file (not a torch zip archive)")
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        # torch's message suggests weights_only=False, i.e. running the file's code: never pass that on
+        raise ModelFileError(
+            f"{path}: refused: the file holds Python objects other than tensors and plain values (possibly code); "
+            "kgp model files never do, and kgp never unpickles them"
+        ) from None
+    except Exception as exc:  # torch raises RuntimeError, EOFError, OSError, ... for damaged archives
+        raise ModelFileError(
+            f"{path}: cannot be read as a kgp model file: not one, or truncated or corrupted "
+            f"({type(exc).__name__}: {one_line(exc)})"
+        ) from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise ValueError(f"{path}: not a kgp model file")
-    if state.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"{path}: model format version {state.get('format_version')} is not supported")
+        raise ModelFileError(f"{path}: not a kgp model file (no '{FORMAT}' format tag)")
+    version = state.get("format_version")
+    if version not in _READABLE:
+        raise ModelFileError(
+            f"{path}: model format version {version!r} is not supported "
+            f"(this kgp reads versions {', '.join(map(str, _READABLE))})"
+        )
+    if version >= 2:
+        try:
+            expected = checksum(state)
+        except TypeError as exc:
+            raise ModelFileError(f"{path}: {exc}") from None
+        if state.get("checksum") != expected:
+            raise ModelFileError(
+                f"{path}: checksum mismatch: the file was changed or corrupted after it was saved; refit and save again"
+            )
     return state
+
+
+def one_line(exc: BaseException) -> str:
+    """The exception's message on one line (at most 300 characters), never torch's weights_only advice."""
+    line = " ".join(str(exc).split()) or "no details"
+    if "weights_only" in line:
+        return "unsupported contents"
+    return line if len(line) <= 300 else line[:297] + "..."
 
 
 def to_device(value: Any, device: torch.device, dtype: torch.dtype) -> Any:

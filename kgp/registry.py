@@ -22,7 +22,8 @@ Environment variables (read at first use, see docs/plugin-author-guide.md):
     Load only the entry points that the ``kgp`` distribution declares (its built-ins), no third
     party's: reproducible runs and tests.
 ``KGP_PLUGINS=name1,name2``
-    Load only the listed entry points (built-ins included only if listed).
+    Load only the listed third-party entry points; kgp's own built-ins always load (the
+    estimator's defaults name them). A listed name that is not installed is warned about.
 """
 
 from __future__ import annotations
@@ -230,7 +231,10 @@ class Registry:
             self._warn_unknown_requested(only, raw_only, eps)
         for ep in eps:
             dist = _ep_dist(ep)
-            if only is not None and ep.name not in only:
+            # kgp's own entry points always load: the estimator's defaults (solver 'exact', selector
+            # 'uniform') name them, and a built-in never clashes (built-ins win), so leaving one out
+            # could only break a default
+            if only is not None and ep.name not in only and not _is_own(dist):
                 self._skipped.setdefault(ep.name, _Skipped(ep.name, dist, f"KGP_PLUGINS={raw_only.strip()}"))
                 continue
             if builtins_only and not _is_own(dist):

@@ -1,36 +1,64 @@
-"""Global settings, used as context managers (the GPyTorch / linear_operator style).
+"""Global settings: a plain call sets one for the process, a ``with`` block for that block.
 
 Every setting has a process-wide default, can be overridden by an environment variable
-read once at import, and can be changed for a block of code::
+read once at import, and can be changed either way::
 
-    with kgp.settings.memory_budget(256 * 2**20):
+    kgp.settings.max_exact_size(32_000)              # from now on
+    with kgp.settings.memory_budget(256 * 2**20):    # only inside the block, then restored
         model.fit(X, y)
+
+An invalid environment value never breaks ``import kgp``: it is ignored with a warning naming the
+variable, and the default is used.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
+import warnings
 
 _MIB = 2**20
 
 
-def _env_int(name: str, default: int) -> int:
+def _env_value(name: str, default, validate):
+    """The environment variable ``name`` checked by ``validate``; the default (with a warning) if invalid."""
     raw = os.environ.get(name)
-    if raw is None or raw == "":
+    if raw is None or raw.strip() == "":
         return default
     try:
-        value = int(float(raw))
+        return validate(raw.strip())
     except ValueError as exc:
-        raise ValueError(f"environment variable {name}={raw!r}: expected an integer") from exc
-    if value <= 0:
-        raise ValueError(f"environment variable {name}={raw!r}: expected a positive integer")
-    return value
+        warnings.warn(f"ignoring {name}={raw!r} ({exc}); using the default {default!r}", RuntimeWarning, stacklevel=3)
+        return default
+
+
+def _env_int(name: str, default: int) -> int:
+    def parse(raw: str) -> int:
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ValueError("expected a positive integer") from None
+        if not value.is_integer() or value <= 0:
+            raise ValueError("expected a positive integer")
+        return int(value)
+
+    return _env_value(name, default, parse)
+
+
+class _Override:
+    """What a setting's call returns: already applied; as a context manager it restores the old value on exit."""
+
+    def __init__(self, setting: _Setting, previous):
+        self._setting, self._previous = setting, previous
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc) -> None:
+        self._setting._value = self._previous
 
 
 class _Setting:
-    """A value with a default and a context manager that overrides it temporarily."""
+    """A value with a default; calling it sets the value (for good, or for a ``with`` block)."""
 
     def __init__(self, name: str, default, validate):
         self.name = name
@@ -44,14 +72,14 @@ class _Setting:
         """Set the value for the rest of the process."""
         self._value = self._validate(value)
 
-    @contextmanager
-    def __call__(self, value) -> Iterator[None]:
+    def __call__(self, value) -> _Override:
+        """Set the value now; used as ``with setting(value):`` the previous value is restored after the block."""
         previous = self._value
         self._value = self._validate(value)
-        try:
-            yield
-        finally:
-            self._value = previous
+        return _Override(self, previous)
+
+    def __repr__(self) -> str:
+        return f"kgp.settings.{self.name}({self._value!r})"
 
 
 def _positive_int(name: str):
@@ -107,7 +135,9 @@ block_rows = _Setting("block_rows", None, _optional_positive_int("block_rows"))
 """Force the number of rows per kernel block (``None``: chosen from the budget and cache size)."""
 
 kernel_cache = _Setting(
-    "kernel_cache", os.environ.get("KGP_KERNEL_CACHE", "never"), _choice("kernel_cache", ("never", "auto"))
+    "kernel_cache",
+    _env_value("KGP_KERNEL_CACHE", "never", _choice("KGP_KERNEL_CACHE", ("never", "auto"))),
+    _choice("kernel_cache", ("never", "auto")),
 )
 """Whether a kernel operator may keep its whole matrix in memory.
 

@@ -81,6 +81,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+import sys
 import tempfile
 import unittest
 from collections.abc import Callable, Mapping
@@ -360,8 +361,22 @@ class _GlobalRngGuard:
         return False
 
 
+def _skip_types() -> tuple[type[BaseException], ...]:
+    """The exceptions :func:`_skip` may raise (pytest's only when pytest is loaded)."""
+    skip = getattr(sys.modules.get("pytest"), "skip", None)
+    return (unittest.SkipTest, skip.Exception) if hasattr(skip, "Exception") else (unittest.SkipTest,)
+
+
 def _skip(reason: str):
-    # unittest.SkipTest is understood by pytest and unittest alike, so kgp needs no pytest import.
+    # Under pytest, its own skip exception with the item's location, so that `pytest -rs` points at the
+    # test rather than at pytest's unittest shim; elsewhere unittest.SkipTest (kgp never imports pytest).
+    pytest = sys.modules.get("pytest")
+    skip = getattr(pytest, "skip", None)
+    if skip is not None and hasattr(skip, "Exception"):
+        try:
+            raise skip.Exception(reason, _use_item_location=True)
+        except TypeError:  # a pytest without _use_item_location
+            pass
     raise unittest.SkipTest(reason)
 
 
@@ -776,8 +791,8 @@ def _run_all(checks: Mapping[str, Callable[..., dict]], names, skip, label: str,
             continue
         try:
             results[check_name] = checks[check_name](**kwargs)
-        except unittest.SkipTest as exc:
-            results[check_name] = f"skipped ({exc})"
+        except _skip_types() as exc:
+            results[check_name] = f"skipped ({getattr(exc, 'msg', None) or exc})"
         except AssertionError as exc:
             failures.append(f"[{check_name}] {exc}")
     if failures:

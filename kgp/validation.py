@@ -93,37 +93,63 @@ def to_tensor(
     Raises
     ------
     TypeError
-        float16 / bfloat16 / complex / non-numeric input.
+        float16 / bfloat16 / sparse / non-numeric input (an object array of numbers is converted).
     ValueError
-        Wrong number of dimensions, empty input, NaN or infinity.
+        Complex values, wrong number of dimensions, empty input, NaN or infinity.
     """
+    if data is None:
+        # the second part is scikit-learn's wording (its estimator checks match it)
+        raise ValueError(f"{name}: Expected array-like (array or non-string sequence), got None")
     if isinstance(data, Tensor):
+        if data.is_sparse or data.layout != torch.strided:
+            raise TypeError(f"{name}: sparse tensors are not supported; pass a dense tensor (X.to_dense())")
         tensor = data.detach()
     else:
+        if hasattr(data, "tocsr") or hasattr(data, "sparse"):  # scipy.sparse / pandas sparse
+            raise TypeError(f"{name}: sparse input is not supported; pass a dense array (X.toarray())")
         try:
             array = np.asarray(data)
         except Exception as exc:  # ragged lists and the like
             raise TypeError(f"{name}: expected an array or tensor, got {type(data).__name__}") from exc
+        if array.dtype.kind == "c":
+            # ValueError with scikit-learn's wording (its estimator checks match "Complex data not supported")
+            raise ValueError(f"{name}: Complex data not supported (got {array.dtype}); pass real values")
+        if array.dtype.kind == "O":
+            # an object array of numbers (e.g. from a mixed-type table) is numeric data: convert it;
+            # anything else (strings, dicts, None) is refused, with numpy's reason
+            try:
+                array = array.astype(np.float64)
+            except (TypeError, ValueError) as exc:
+                raise TypeError(f"{name}: expected numbers, got an object array that is not numeric ({exc})") from None
         if array.dtype.kind not in "biuf":
             raise TypeError(f"{name}: expected a numeric array, got dtype {array.dtype}")
         if array.dtype == np.float16:
             raise TypeError(f"{name}: float16 is not supported; use float32 or float64")
-        tensor = torch.from_numpy(np.ascontiguousarray(array))
+        array = np.ascontiguousarray(array)
+        if not array.flags.writeable:  # e.g. a read-only memmap: torch cannot share non-writable memory
+            array = array.copy()
+        tensor = torch.from_numpy(array)
     if tensor.dtype in (torch.float16, torch.bfloat16):
         raise TypeError(f"{name}: {tensor.dtype} is not supported; use float32 or float64")
     if tensor.is_complex():
-        raise TypeError(f"{name}: complex values are not supported")
+        raise ValueError(f"{name}: Complex data not supported (got {tensor.dtype}); pass real values")
     is_float = tensor.dtype in (torch.float32, torch.float64)
     if not is_float and not allow_int:
         raise TypeError(f"{name}: expected floating-point values, got {tensor.dtype}")
     if tensor.dim() not in ndim:
         shapes = " or ".join(f"{d}-D" for d in ndim)
-        hint = " (reshape a single feature with X.reshape(-1, 1))" if name.startswith("X") and tensor.dim() == 1 else ""
+        hint = ""
+        if name.startswith("X") and tensor.dim() == 1:
+            hint = ". Reshape your data: X.reshape(1, -1) for a single sample, X.reshape(-1, 1) for a single feature"
         raise ValueError(f"{name}: expected a {shapes} array, got shape {tuple(tensor.shape)}{hint}")
+    if tensor.dim() == 2 and tensor.shape[1] == 0:
+        # the second sentence is scikit-learn's wording (its estimator checks match it)
+        raise ValueError(
+            f"{name}: expected at least one column; found array with 0 feature(s) "
+            f"(shape=({tensor.shape[0]}, 0)) while a minimum of 1 is required."
+        )
     if not allow_empty and (tensor.numel() == 0 or tensor.shape[0] == 0):
         raise ValueError(f"{name}: expected a non-empty array, got shape {tuple(tensor.shape)}")
-    if tensor.dim() == 2 and tensor.shape[1] == 0:
-        raise ValueError(f"{name}: expected at least one column, got shape {tuple(tensor.shape)}")
     target = dtype or (tensor.dtype if is_float else torch.float64)
     tensor = tensor.to(device=device if device is not None else tensor.device, dtype=target)
     if is_float or target != tensor.dtype:

@@ -205,6 +205,7 @@ def test_reference_nystrom_passes_every_check(runtime_plugin):
     assert results["callback"] == {"iterations_full": 3, "iterations_stopped": 1}
     assert results["center_weights"]["rel_error"] < 1e-8
     assert results["protocol"]["distribution"] is None  # registered at runtime, not installed
+    assert results["partial_fit"] == "skipped (solver 'ref-nystrom' has no partial_fit)"  # recorded, not raised
 
 
 @pytest.mark.parametrize(

@@ -29,6 +29,10 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "plugins" / "kgp-example"
 IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "build", "*.egg-info", ".pytest_cache")
 
+# kgp's own solvers: they load whatever KGP_PLUGINS lists (the estimator's defaults name built-ins)
+# (conftest.py sets KGP_DISABLE_ENTRYPOINTS=1, so the process registry holds exactly the built-ins)
+BUILTIN_SOLVERS = ", ".join(kgp.registry.registry.names("solver"))
+
 
 def _env(*paths: Path | str, **extra: str) -> dict[str, str]:
     """The test environment minus kgp's plugin switches, with ``paths`` as PYTHONPATH."""
@@ -181,7 +185,8 @@ def test_pip_installed_plugin_works_by_name_is_listed_and_uninstalls(installed):
         rows = _rows(_ok(_python(["-m", "kgp", "plugins"], _env(target, **switch), cwd)))
         assert "nystrom-direct" not in rows and "kmeans++" not in rows and "exact" in rows, switch
     rows = _rows(_ok(_python(["-m", "kgp", "plugins"], _env(target, KGP_PLUGINS="nystrom-direct,exact"), cwd)))
-    assert "nystrom-direct" in rows and "kmeans++" not in rows and "uniform" not in rows
+    # kgp's own always load (the defaults name them); the unlisted third-party entry point does not
+    assert "nystrom-direct" in rows and "kmeans++" not in rows and "uniform" in rows
 
     # 4. The distribution's own test suite (kgp.testing conformance included) passes on the installed copy.
     suite = _python(["-m", "pytest", "-q", "-p", "no:cacheprovider", str(installed["tests"])], env, cwd, timeout=600)
@@ -404,8 +409,8 @@ def test_entry_point_with_a_misspelt_hook_is_skipped_naming_the_closest_hook(fre
     with pytest.raises(UnknownPluginError) as info:
         kgp.get_solver("typo-solver")  # its names are unknown: the note points at the failed plugin
     assert str(info.value).startswith(
-        "unknown solver 'typo-solver'; available solvers: exact; note: these plugins failed to load and may "
-        "provide it: plugin 'typo' from distribution kgp-typo (see `kgp plugins`)"
+        f"unknown solver 'typo-solver'; available solvers: {BUILTIN_SOLVERS}; note: these plugins failed to load "
+        "and may provide it: plugin 'typo' from distribution kgp-typo (see `kgp plugins`)"
     )
     status, listing = _plugins_command(capsys)
     assert status == 1 and f"FAILED: {expected}" in listing
@@ -436,11 +441,11 @@ def test_two_third_parties_clashing_leave_the_name_unusable_and_unlisted(fresh, 
     with pytest.raises(PluginConflictError) as info:
         kgp.get_solver("clash-solver")
     assert str(info.value) == expected
-    assert reg.names("solver") == ["a-only", "b-only", "exact"]  # never the unusable name
+    assert reg.names("solver") == sorted(["a-only", "b-only", *BUILTIN_SOLVERS.split(", ")])  # never the unusable name
     assert "clash-solver" not in [i.name for i in kgp.list_plugins()]
     with pytest.raises(UnknownPluginError) as unknown:
         kgp.get_solver("nope")
-    assert "available solvers: a-only, b-only, exact;" in str(unknown.value)
+    assert f"available solvers: a-only, b-only, {BUILTIN_SOLVERS}" in str(unknown.value)
     assert reg.conflicts == {("solver", "clash-solver"): reg.conflicts[("solver", "clash-solver")]}
     assert [i.plugin for i in reg.conflicts[("solver", "clash-solver")]] == ["a", "b"] and reg.shadowed == {}
     status, listing = _plugins_command(capsys)
@@ -487,7 +492,7 @@ def test_names_of_plugins_that_failed_to_load_say_so_with_the_traceback_kept(fre
         kgp.get_solver("broken")
     assert str(info.value) == (
         "solver 'broken' is unavailable: plugin 'broken' from distribution kgp-fragile failed to load: ImportError: "
-        "missing dependency xyz (traceback: `kgp plugins --traceback`); available solvers: exact"
+        f"missing dependency xyz (traceback: `kgp plugins --traceback`); available solvers: {BUILTIN_SOLVERS}"
     )
     with pytest.raises(UnknownPluginError, match=r"^solver 'half-solver' is unavailable: plugin 'half' from "):
         kgp.get_solver("half-solver")
@@ -496,28 +501,16 @@ def test_names_of_plugins_that_failed_to_load_say_so_with_the_traceback_kept(fre
     assert "Traceback of plugin 'broken':" in listing and "kgp_t_broken.py" in listing
 
 
-def test_kgp_plugins_without_the_defaults_says_how_to_fix_it(fresh):
+def test_kgp_plugins_naming_only_falkon_keeps_the_defaults(fresh):
+    """KGP_PLUGINS=falkon used to drop the default solver 'exact' and falkon's default selector 'uniform'."""
     _, make = fresh
-    _, warned = make(KGP_PLUGINS="falkon")
-    assert warned == []
+    reg, warned = make(KGP_PLUGINS="falkon")
+    assert warned == [] and {"exact", "falkon"} <= set(reg.names("solver")) and "uniform" in reg.names("selector")
     X = np.linspace(0, 1, 30)[:, None]
-    with pytest.raises(UnknownPluginError) as info:
-        kgp.KernelRegressor().fit(X, X[:, 0])  # solver="exact" by default
-    assert str(info.value) == (
-        "solver 'exact' is not loaded: KGP_PLUGINS=falkon does not list the entry point 'exact' (distribution kgp) "
-        "that provides it; add it (KGP_PLUGINS=falkon,exact) or unset KGP_PLUGINS; available solvers: falkon. "
-        "The default solver is 'exact': pass solver=<name> explicitly to use another one"
-    )
-    with pytest.raises(UnknownPluginError) as info:
-        kgp.KernelRegressor(solver="falkon", n_centers=10).fit(X, X[:, 0])  # centers="uniform" by default
-    assert str(info.value) == (
-        "selector 'uniform' is not loaded: KGP_PLUGINS=falkon does not list the entry point 'uniform' (distribution "
-        "kgp) that provides it; add it (KGP_PLUGINS=falkon,uniform) or unset KGP_PLUGINS; available selectors: "
-        "(none). The default selector is 'uniform': pass centers=<selector name or array> explicitly to use another "
-        "one"
-    )
-    # An explicit selector array works without any selector plugin.
-    kgp.KernelRegressor(solver="falkon", centers=X[:10]).fit(X, X[:, 0])
+    exact = kgp.KernelRegressor(noise=0.1).fit(X, X[:, 0])  # solver="exact" by default
+    falkon = kgp.KernelRegressor(solver="falkon", noise=0.1, n_centers=30).fit(X, X[:, 0])  # centers="uniform"
+    # with every point a center, FALKON solves the exact problem
+    np.testing.assert_allclose(falkon.predict(X), exact.predict(X), atol=1e-6)
 
 
 def test_kgp_plugins_naming_no_installed_entry_point_warns(fresh):
@@ -529,7 +522,7 @@ def test_kgp_plugins_naming_no_installed_entry_point_warns(fresh):
         "'falkon'?); installed entry points: "
     )
     assert {"exact", "falkon", "uniform"} <= set(message.split("installed entry points: ")[1].split(", "))
-    assert reg.names("solver") == ["exact"] and reg.load_failures == []
+    assert "exact" in reg.names("solver") and reg.load_failures == []
 
 
 def test_disabled_entry_points_explain_a_missing_third_party_name(fresh):
@@ -558,4 +551,4 @@ def test_an_entry_point_name_declared_by_two_distributions_loads_once(fresh):
     assert warned == [str(failure)] and f"distribution {loaded} already declares an entry point named 'dup'" in (
         str(failure)
     )
-    assert reg.names("solver") == sorted(["clash-solver", loaded])
+    assert reg.names("solver") == sorted(["clash-solver", loaded, *BUILTIN_SOLVERS.split(", ")])

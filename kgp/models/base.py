@@ -23,12 +23,14 @@ from torch import Tensor
 
 from .. import distributed as _dist
 from .. import io
+from ..diagnostics import ill_conditioned, not_fitted
 from ..kernels import KERNEL_SHORTCUTS, make_kernel
 from ..kernels.serialize import kernel_from_spec, kernel_to_spec
 from ..monitor import IterationInfo, Monitor
 from ..plugin import Centers, Problem, SelectionRequest, merge_options
 from ..registry import UnknownPluginError, get_predictor_class, get_selector, get_solver
 from ..validation import check_n_centers, check_positive, resolve_dtype, to_tensor
+from .sklearn_compat import SklearnProtocol, feature_names_of
 
 __all__ = ["BaseKernelModel"]
 
@@ -68,7 +70,7 @@ def _default_selector() -> Any:
     return _get_plugin(get_selector, DEFAULT_SELECTOR, DEFAULT_SELECTOR, "centers=<selector name or array>", "selector")
 
 
-class BaseKernelModel:
+class BaseKernelModel(SklearnProtocol):
     """Parameters and fitting logic shared by :class:`KernelRegressor` and :class:`KernelClassifier`.
 
     See :class:`kgp.KernelRegressor` for the parameters. Subclasses say how targets are encoded
@@ -162,14 +164,14 @@ class BaseKernelModel:
         if self.callback is not None and not callable(self.callback):
             raise TypeError("callback: expected a callable taking an IterationInfo")
         dtype = resolve_dtype(self.dtype)
-        device = torch.device(self.device) if self.device is not None else None
+        device = _check_device(self.device)
         solver = _get_plugin(get_solver, self.solver, DEFAULT_SOLVER, "solver=<name>", "solver")
         solver_options = merge_options(f"solver {self.solver!r}", solver.option_defaults, self.solver_options)
         selector_name, selector, selector_options = None, None, {}
         if not solver.uses_centers:
             if self.centers is not None or self.n_centers is not None:
                 raise ValueError(
-                    f"solver {self.solver!r} uses every training point and takes no centers; "
+                    f"solver {self.solver!r} takes no centers (it uses no inducing points or Nystrom centers); "
                     "leave centers and n_centers as None"
                 )
         elif self.centers is None or isinstance(self.centers, str):
@@ -224,6 +226,7 @@ class BaseKernelModel:
         setup = self._validate()
         if channel is not None:
             _check_distributed_plugins(setup, self.solver)
+        feature_names = feature_names_of(X)
         Xt = to_tensor(X, "X", ndim=(2,), dtype=setup.dtype, device=setup.device, allow_empty=channel is not None)
         Y, targets = self._encode_fit_targets(y, Xt)
         if Y.shape[0] != Xt.shape[0]:
@@ -269,6 +272,7 @@ class BaseKernelModel:
             fit_time=time.perf_counter() - start,
             chunks_seen=1,  # a partial_fit continuing this fit draws from seed + 2 on
             shard=shard,
+            feature_names=feature_names,
         )
         return self
 
@@ -353,6 +357,7 @@ class BaseKernelModel:
         fit_time: float,
         chunks_seen: int = 0,
         shard: _dist.Shard | None = None,
+        feature_names: np.ndarray | None = None,
     ) -> None:
         """Write every fitted attribute (the one place that does: fit, partial_fit and load call it)."""
         self.kernel_ = kernel
@@ -374,21 +379,30 @@ class BaseKernelModel:
         if shard is not None:
             self.shard_ = {"rank": shard.rank, "world_size": shard.world_size}
             self.shard_.update(n_local=shard.n_local, n_total=shard.n_total)
+        if feature_names is not None:
+            self.feature_names_in_ = feature_names
+        elif hasattr(self, "feature_names_in_"):
+            del self.feature_names_in_  # refitted on an array: the old names no longer describe X
         for name, value in targets.items():
             setattr(self, name, value)
 
     # ------------------------------------------------------------------ prediction helpers
     def _check_fitted(self) -> None:
         if not hasattr(self, "predictor_"):
-            raise RuntimeError(f"this {type(self).__name__} is not fitted yet; call fit(X, y) first")
+            raise not_fitted(f"this {type(self).__name__} is not fitted yet; call fit(X, y) first")
 
     def _raw_predict(self, X) -> tuple[Tensor, bool]:
         """Return the ``n x k`` predictor output and whether the input was numpy-like."""
         self._check_fitted()
         is_tensor = isinstance(X, Tensor)
+        self._check_feature_names(X)
         Xt = to_tensor(X, "X", ndim=(2,), dtype=self.dtype_, device=self.device_)
         if Xt.shape[1] != self.n_features_in_:
-            raise ValueError(f"X: expected {self.n_features_in_} features, got {Xt.shape[1]}")
+            # scikit-learn's wording (its checks match it)
+            raise ValueError(
+                f"X has {Xt.shape[1]} features, but {type(self).__name__} is expecting "
+                f"{self.n_features_in_} features as input"
+            )
         with torch.no_grad():
             out = self.predictor_.predict(Xt)
         if out.dim() == 1:
@@ -425,6 +439,8 @@ class BaseKernelModel:
         params["dtype"] = str(self.dtype_).replace("torch.", "")
         fitted: dict[str, Any] = {"n_features_in": int(self.n_features_in_), "seed": int(self.seed_)}
         fitted.update(self._target_state())
+        if getattr(self, "feature_names_in_", None) is not None:
+            fitted["feature_names"] = [str(name) for name in self.feature_names_in_]
         if self.center_weights_ is not None:
             fitted["center_weights"] = self.center_weights_.detach().cpu()
         io.write_model(
@@ -481,6 +497,7 @@ class BaseKernelModel:
             device=device,
             targets=cls._targets_from_state(fitted),
             fit_time=0.0,
+            feature_names=None if "feature_names" not in fitted else np.asarray(fitted["feature_names"], dtype=object),
         )
         return model
 
@@ -511,6 +528,19 @@ def _same_on_every_rank(predictor: Any, kernel: gpytorch.kernels.Kernel, shard: 
     return type(predictor).from_state(rebuilt, kernel)
 
 
+def _check_device(device: Any) -> torch.device | None:
+    """``device`` as a torch.device; a ValueError naming it if torch does not know it or it is absent here."""
+    if device is None:
+        return None
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device: expected a torch device such as 'cpu' or 'cuda:0', got {device!r} ({exc})") from None
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device: {device!r} requested, but CUDA is not available to this torch ({torch.__version__})")
+    return resolved
+
+
 @contextlib.contextmanager
 def _closing(monitor: Monitor) -> Iterator[Monitor]:
     """The model owns the monitor: its progress bar is closed however the fit ends."""
@@ -520,13 +550,21 @@ def _closing(monitor: Monitor) -> Iterator[Monitor]:
         monitor.close()
 
 
-def _gradients(plugin: Any) -> contextlib.AbstractContextManager:
-    """``torch.no_grad()`` unless the plugin declares ``needs_grad = True``.
+@contextlib.contextmanager
+def _gradients(plugin: Any) -> Iterator[None]:
+    """Run a plugin call under ``torch.no_grad()`` unless the plugin declares ``needs_grad = True``.
 
     A solver that multiplies with the kernel operator while the kernel's hyperparameters require
-    gradients would otherwise build an autograd graph across all its iterations.
+    gradients would otherwise build an autograd graph across all its iterations. A raw
+    ``torch.linalg.LinAlgError`` escaping the plugin (LAPACK gave up) becomes kgp's
+    :class:`~kgp.diagnostics.IllConditionedError`, which says what it means and what helps.
     """
-    return contextlib.nullcontext() if getattr(plugin, "needs_grad", False) else torch.no_grad()
+    grad = contextlib.nullcontext() if getattr(plugin, "needs_grad", False) else torch.no_grad()
+    try:
+        with grad:
+            yield
+    except torch.linalg.LinAlgError as exc:
+        raise ill_conditioned(type(plugin).__name__, io.one_line(exc)) from exc
 
 
 def _same(value: Any, default: Any) -> bool:

@@ -28,11 +28,12 @@ class KernelClassifier(BaseKernelModel):
     ----------
     classes_:
         Sorted class labels (numpy array).
-    predictor_, solver_, kernel_, centers_, history_, fit_time_, seed_, n_features_in_:
+    predictor_, solver_, kernel_, centers_, history_, fit_time_, seed_, n_features_in_, feature_names_in_:
         As for :class:`kgp.KernelRegressor`. The validation metric reported to the callback
         is the error rate.
     """
 
+    _estimator_type = "classifier"
     _validation_metric = staticmethod(_error_rate)
 
     def fit(self, X, y, *, validation_data=None) -> KernelClassifier:
@@ -54,7 +55,7 @@ class KernelClassifier(BaseKernelModel):
         labels = _labels(y, "y")
         classes = np.unique(labels)
         if classes.shape[0] < 2:
-            raise ValueError(f"y: expected at least 2 classes, got {classes.shape[0]}")
+            raise ValueError(f"y: expected at least 2 classes, got 1 class ({classes[0]!r})")
         return _one_vs_all(labels, classes).to(device=X.device, dtype=X.dtype), {"classes_": classes}
 
     def _encode_targets(self, y, name: str, X: Tensor, targets: dict) -> Tensor:
@@ -87,19 +88,78 @@ class KernelClassifier(BaseKernelModel):
             index = scores.argmax(dim=1)
         return self.classes_[index.cpu().numpy()]
 
+    def predict_proba(self, X) -> np.ndarray:
+        r"""Class probabilities, ``n x n_classes`` (columns in the order of ``classes_``).
+
+        The softmax of the one-vs-all scores, :math:`p_k(x) = e^{f_k(x)} / \sum_j e^{f_j(x)}`; with
+        two classes the single score :math:`f` stands for the pair :math:`(-f, f)`, so that
+        :math:`p_1 = 1 / (1 + e^{-2f})`.
+
+        Why this map: a least-squares fit to +-1 targets estimates the regression function
+        :math:`f_k = E[y_k | x] = 2 P(k | x) - 1`, i.e. :math:`P(k|x) \approx (1 + f_k) / 2`.
+        That estimate leaves [0, 1] and does not sum to one; the softmax is the smooth map that
+        agrees with it to first order at the decision boundary (slope 1/2 at :math:`f = 0` for two
+        classes), keeps every probability strictly inside (0, 1) (so ``log_loss`` is finite) and is
+        strictly increasing in each score, so ``predict_proba(X).argmax(1)`` matches ``predict`` and
+        its ranking matches ``decision_function``. It is fitted to nothing: the probabilities are
+        not calibrated. For calibrated probabilities wrap the model in scikit-learn's
+        ``CalibratedClassifierCV``, which fits a calibration map on held-out folds.
+        """
+        scores, _ = self._raw_predict(X)
+        return _softmax_of_scores(scores).cpu().numpy()
+
+    def predict_log_proba(self, X) -> np.ndarray:
+        """Logarithm of :meth:`predict_proba`, computed stably (log-softmax)."""
+        scores, _ = self._raw_predict(X)
+        return torch.log_softmax(_paired(scores).double(), dim=1).cpu().numpy()
+
     def score(self, X, y) -> float:
         """Accuracy."""
         return float(np.mean(self.predict(X) == _labels(y, "y")))
 
 
+def _paired(scores: Tensor) -> Tensor:
+    """One score column per class: a single two-class score ``f`` becomes ``(-f, f)``."""
+    return torch.cat([-scores, scores], dim=1) if scores.shape[1] == 1 else scores
+
+
+def _softmax_of_scores(scores: Tensor) -> Tensor:
+    return torch.softmax(_paired(scores).double(), dim=1)
+
+
 def _labels(y, name: str) -> np.ndarray:
+    """Check class labels: 1-D, non-empty, discrete (not continuous floats), mutually sortable."""
+    if y is None:
+        raise ValueError(f"{name}: Expected array-like (array or non-string sequence), got None")
     arr = _numpy(y)
+    if arr.ndim == 2 and arr.shape[1] == 1:
+        raise ValueError(f"{name}: expected 1-D class labels, got a column of shape {arr.shape}; use y.ravel()")
     if arr.ndim != 1:
         raise ValueError(f"{name}: expected 1-D class labels, got shape {arr.shape}")
     if arr.shape[0] == 0:
         raise ValueError(f"{name}: expected a non-empty array")
-    if arr.dtype.kind == "f" and not np.isfinite(arr).all():
-        raise ValueError(f"{name}: contains NaN or infinite labels")
+    if arr.dtype.kind == "c":
+        raise ValueError(f"{name}: complex class labels are not supported")
+    if arr.dtype.kind == "f":
+        if not np.isfinite(arr).all():
+            raise ValueError(f"{name}: contains NaN or infinite labels")
+        if not np.array_equal(arr, np.round(arr)):
+            # scikit-learn's wording ("Unknown label type"): continuous targets are a regression problem
+            raise ValueError(
+                f"{name}: Unknown label type: continuous values (e.g. {arr[arr != np.round(arr)][0]!r}); "
+                "KernelClassifier needs class labels; use KernelRegressor for continuous targets"
+            )
+    if arr.dtype.kind == "O":
+        kinds = sorted({type(v).__name__ for v in arr})
+        if any(v is None for v in arr):
+            raise ValueError(f"{name}: contains None; every sample needs a class label")
+        try:
+            np.unique(arr)
+        except TypeError:
+            raise ValueError(
+                f"{name}: class labels must be mutually comparable (all numbers or all strings), got types "
+                f"{', '.join(kinds)}"
+            ) from None
     return arr
 
 

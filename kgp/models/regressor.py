@@ -10,6 +10,7 @@ from torch import Tensor
 from ..monitor import Monitor
 from ..validation import to_tensor
 from .base import BaseKernelModel, _closing, _gradients
+from .sklearn_compat import feature_names_of, solver_method
 
 __all__ = ["KernelRegressor"]
 
@@ -72,7 +73,12 @@ class KernelRegressor(BaseKernelModel):
     shard_:
         None, or after ``fit(..., distributed=True)`` a dict ``rank``, ``world_size``, ``n_local``,
         ``n_total`` (docs/scaling-out.md).
+    feature_names_in_:
+        Column names of ``X`` when it was a table with string column names (a pandas DataFrame);
+        ``predict`` then requires the same names in the same order. Absent otherwise.
     """
+
+    _estimator_type = "regressor"
 
     def _encode_fit_targets(self, y, X: Tensor) -> tuple[Tensor, dict]:
         # X without rows only passes validation on a rank of a distributed fit: y matches it
@@ -113,13 +119,18 @@ class KernelRegressor(BaseKernelModel):
         """
         return super().fit(X, y, validation_data=validation_data, distributed=distributed)
 
+    @solver_method
     def partial_fit(self, X, y) -> KernelRegressor:
         """Continue fitting on a new chunk of data (solvers with ``partial_fit`` only, e.g. streaming SGD).
 
         The first call (on an unfitted model) starts a new model; later calls continue the fitted one
         with the same kernel, seed and dtype. Chunk ``c`` draws its randomness from ``seed_ + 1 + c``.
+        The method exists only when the solver implements it (``hasattr(model, "partial_fit")``).
         """
         setup = self._validate()
+        feature_names = feature_names_of(X)
+        if hasattr(self, "predictor_"):
+            self._check_feature_names(X)
         if not hasattr(setup.solver, "partial_fit"):
             raise ValueError(f"solver {self.solver!r} does not support partial_fit")
         first = not hasattr(self, "predictor_")
@@ -157,6 +168,7 @@ class KernelRegressor(BaseKernelModel):
             targets=targets,
             fit_time=time.perf_counter() - start + (0.0 if first else self.fit_time_),
             chunks_seen=chunks + 1,
+            feature_names=feature_names if first else getattr(self, "feature_names_in_", None),
         )
         return self
 

@@ -33,10 +33,12 @@ class ExactSolver:
         n = problem.n
         limit = settings.max_exact_size.value()
         if n > limit:
+            gigabytes = n * n * problem.X.element_size() / 1e9
             raise ValueError(
-                f"solver 'exact' builds the dense {n} x {n} kernel matrix; n={n} exceeds "
-                f"kgp.settings.max_exact_size={limit}. Use an iterative solver (e.g. solver='falkon') "
-                f"or raise the limit with kgp.settings.max_exact_size({n})."
+                f"solver 'exact' builds the dense {n} x {n} kernel matrix ({gigabytes:.1f} GB); n={n} exceeds "
+                f"kgp.settings.max_exact_size={limit}. Use an iterative solver (solver='falkon'; "
+                f"command line: --solver falkon) or raise the limit with kgp.settings.max_exact_size({n}) "
+                f"(environment: KGP_MAX_EXACT_SIZE={n})."
             )
         problem.monitor.start(total=1, desc="exact")
         with torch.no_grad():

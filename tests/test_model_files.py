@@ -1,0 +1,191 @@
+"""Model files are validated on load: one ModelFileError, one line, for every damaged, foreign, tampered or
+inconsistent file, from Python and from `kgp predict`; pickled code is never run (issue 16, section 4)."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+import kgp
+from kgp import io
+from kgp.cli import main
+
+_rng = np.random.default_rng(0)
+X = _rng.normal(size=(80, 2))
+Y = np.sin(X[:, 0]) + X[:, 1]
+LABELS = np.digitize(X[:, 0], [-0.5, 0.5])  # three classes
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    reg = kgp.KernelRegressor(noise=0.1, solver="falkon", n_centers=20, random_state=0).fit(X, Y)
+    clf = kgp.KernelClassifier(noise=0.1, random_state=0).fit(X, LABELS)
+    reg.save(root / "reg.pt")
+    clf.save(root / "clf.pt")
+    return root, reg, clf
+
+
+def _state(path) -> dict:
+    return torch.load(path, weights_only=True)
+
+
+def _rewrite(tmp_path, state: dict, name="edited.pt", *, fresh_checksum=True):
+    """Write ``state`` as a model file; with ``fresh_checksum`` the checksum matches (a deliberate forgery)."""
+    path = tmp_path / name
+    body = {k: v for k, v in state.items() if k not in ("format", "format_version", "checksum")}
+    if fresh_checksum:
+        io.write_model(body, path)
+    else:
+        torch.save(state, path)
+    return path
+
+
+def _load_error(path) -> str:
+    with pytest.raises(kgp.ModelFileError) as info:
+        kgp.load(path)
+    message = str(info.value)
+    assert "\n" not in message and str(path) in message and "weights_only" not in message
+    return message
+
+
+def test_round_trip_is_exact_and_checksummed(saved):
+    root, reg, clf = saved
+    state = _state(root / "reg.pt")
+    assert state["format_version"] == 2 and state["checksum"] == io.checksum(state)
+    np.testing.assert_array_equal(kgp.load(root / "reg.pt").predict(X), reg.predict(X))
+    np.testing.assert_array_equal(kgp.load(root / "clf.pt").predict_proba(X), clf.predict_proba(X))
+
+
+def test_empty_truncated_and_foreign_files(saved, tmp_path):
+    root, _, _ = saved
+    (tmp_path / "empty.pt").write_bytes(b"")
+    assert "empty file" in _load_error(tmp_path / "empty.pt")
+    raw = (root / "reg.pt").read_bytes()
+    for fraction in (0.1, 0.5, 0.9):
+        (tmp_path / "cut.pt").write_bytes(raw[: int(len(raw) * fraction)])
+        assert "truncated or corrupted" in _load_error(tmp_path / "cut.pt")
+    (tmp_path / "text.pt").write_text("x1,x2\n1,2\n")
+    assert "not a kgp model file (not a torch zip archive)" in _load_error(tmp_path / "text.pt")
+    torch.save({"weights": torch.zeros(3)}, tmp_path / "other.pt")
+    assert "not a kgp model file" in _load_error(tmp_path / "other.pt")
+    torch.save(torch.zeros(3), tmp_path / "tensor.pt")
+    assert "not a kgp model file" in _load_error(tmp_path / "tensor.pt")
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        kgp.load(tmp_path / "missing.pt")
+
+
+def test_a_flipped_byte_in_a_tensor_is_caught_by_the_checksum(saved, tmp_path):
+    root, reg, _ = saved
+    raw = bytearray((root / "reg.pt").read_bytes())
+    alpha = reg.predictor_.alpha.detach().cpu().numpy().tobytes()
+    at = bytes(raw).find(alpha)
+    assert at > 0  # torch stores tensor data uncompressed
+    raw[at + len(alpha) // 2] ^= 0x10
+    (tmp_path / "flipped.pt").write_bytes(bytes(raw))
+    assert (
+        torch.load(tmp_path / "flipped.pt", weights_only=True)["predictor_state"]["alpha"] is not None
+    )  # torch takes it
+    assert "checksum mismatch" in _load_error(tmp_path / "flipped.pt")
+
+
+def test_a_swapped_kernel_spec_is_caught(saved, tmp_path):
+    root, _, _ = saved
+    state = _state(root / "reg.pt")
+    matern = copy.deepcopy(state)
+    matern["kernel_spec"] = kgp.kernels.serialize.kernel_to_spec(__import__("gpytorch").kernels.MaternKernel(nu=2.5))
+    # edited in place (stale checksum): the checksum catches it
+    assert "checksum mismatch" in _load_error(_rewrite(tmp_path, matern, fresh_checksum=False))
+    # a spec whose parameters do not fit the stored hyperparameters is caught even with a forged checksum
+    scaled = copy.deepcopy(state)
+    scaled["kernel_spec"] = kgp.kernels.serialize.kernel_to_spec(
+        __import__("gpytorch").kernels.ScaleKernel(__import__("gpytorch").kernels.RBFKernel())
+    )
+    assert "inconsistent model file" in _load_error(_rewrite(tmp_path, scaled))
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda s: s["predictor_state"].__setitem__("alpha", s["predictor_state"]["alpha"] * np.nan), "contains NaN"),
+        (lambda s: s["predictor_state"].__setitem__("centers", s["predictor_state"]["centers"] * np.inf), "infinite"),
+        (lambda s: s["params"].__setitem__("noise", -1.0), "params.noise must be a finite positive number"),
+        (lambda s: s["params"].__setitem__("dtype", "float99"), "params.dtype must be one of float32, float64"),
+        (lambda s: s["params"].__setitem__("lengthscale", 0.0), "params.lengthscale"),
+        (lambda s: s["fitted"].__setitem__("n_features_in", 3), "predictor fails on 3 features"),
+        (lambda s: s["fitted"].update(n_outputs=2, y_ndim=2), "records 2"),
+        (lambda s: s["fitted"].__setitem__("n_outputs", 2), "fitted.y_ndim must be 1 (one output)"),
+        (lambda s: s["fitted"].__setitem__("feature_names", ["a"]), "fitted.feature_names must be 2 strings"),
+        (lambda s: s["kernel_state"].__setitem__("raw_lengthscale", torch.zeros(1, 5)), "size mismatch"),
+        (lambda s: s["predictor_state"].__setitem__("alpha", torch.zeros(7, 1)), "inconsistent model file"),
+        (lambda s: s.__setitem__("predictor_state", [1, 2]), "predictor_state is missing or not a dict"),
+        (lambda s: s.__setitem__("estimator", "KernelSomething"), "unknown estimator 'KernelSomething'"),
+    ],
+)
+def test_inconsistent_contents_are_refused_even_with_a_valid_checksum(saved, tmp_path, edit, message):
+    root, _, _ = saved
+    state = _state(root / "reg.pt")
+    edit(state)
+    assert message in _load_error(_rewrite(tmp_path, state))
+
+
+def test_a_changed_class_count_is_refused(saved, tmp_path):
+    root, _, _ = saved
+    state = _state(root / "clf.pt")
+    state["fitted"]["classes"] = [0, 1, 2, 3]
+    assert "the predictor gives 3 output(s), the estimator records 4" in _load_error(_rewrite(tmp_path, state))
+    state["fitted"]["classes"] = [1, 1, 2]
+    assert "fitted.classes must be a list of at least 2 distinct labels" in _load_error(_rewrite(tmp_path, state))
+
+
+class _Payload:
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))  # would create the marker file if unpickled
+
+
+def test_a_pickle_with_a_code_payload_is_refused_and_not_run(tmp_path, capsys):
+    marker = tmp_path / "pwned"
+    path = tmp_path / "evil.pt"
+    torch.save({"format": io.FORMAT, "format_version": 2, "params": _Payload(marker)}, path)
+    assert not marker.exists()
+    message = _load_error(path)
+    assert "refused" in message and "never unpickles" in message and not marker.exists()
+    with open(tmp_path / "evil.pkl", "wb") as fh:
+        pickle.dump(_Payload(marker), fh)
+    assert "not a kgp model file" in _load_error(tmp_path / "evil.pkl") and not marker.exists()
+    (tmp_path / "d.csv").write_text("a,b\n1,2\n")
+    assert main(["predict", "--model", str(path), "--data", str(tmp_path / "d.csv")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("kgp predict: error: --model: ") and "refused" in err and err.count("\n") == 1
+    assert "weights_only" not in err and not marker.exists()
+
+
+def test_version_1_files_without_checksum_still_load(saved, tmp_path):
+    root, reg, _ = saved
+    state = _state(root / "reg.pt")
+    state["format_version"] = 1
+    del state["checksum"]
+    path = tmp_path / "v1.pt"
+    torch.save(state, path)
+    np.testing.assert_array_equal(kgp.load(path).predict(X), reg.predict(X))
+    state["format_version"] = 99
+    torch.save(state, path)
+    assert "version 99 is not supported" in _load_error(path)
+
+
+def test_kgp_predict_reports_tampered_files_in_one_line(saved, tmp_path, capsys):
+    root, _, _ = saved
+    state = _state(root / "reg.pt")
+    state["params"]["noise"] = -1.0
+    path = _rewrite(tmp_path, state)
+    np.savez(tmp_path / "d.npz", X=X)
+    assert main(["predict", "--model", str(path), "--data", str(tmp_path / "d.npz")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--model: " in err and "params.noise" in err

@@ -1,0 +1,75 @@
+"""kgp.settings: a plain call sets for the process, a `with` block restores; bad environment values never
+break `import kgp`."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import kgp
+
+
+def test_plain_call_sets_globally_and_with_block_restores():
+    before = kgp.settings.max_exact_size.value()
+    try:
+        kgp.settings.max_exact_size(123)  # the form the exact solver's error message advises
+        assert kgp.settings.max_exact_size.value() == 123
+        with kgp.settings.max_exact_size(7):
+            assert kgp.settings.max_exact_size.value() == 7
+        assert kgp.settings.max_exact_size.value() == 123
+        with pytest.raises(ValueError, match="max_exact_size: expected a positive integer"):
+            kgp.settings.max_exact_size(0)
+        assert kgp.settings.max_exact_size.value() == 123
+    finally:
+        kgp.settings.max_exact_size.set(before)
+
+
+def test_exact_solver_advice_works_as_given():
+    X = np.linspace(0, 1, 30)[:, None]
+    before = kgp.settings.max_exact_size.value()
+    try:
+        kgp.settings.max_exact_size(20)
+        with pytest.raises(ValueError) as info:
+            kgp.KernelRegressor().fit(X, X[:, 0])
+        message = str(info.value)
+        assert "--solver falkon" in message and "KGP_MAX_EXACT_SIZE=30" in message
+        assert "kgp.settings.max_exact_size(30)" in message
+        kgp.settings.max_exact_size(30)  # following the advice literally
+        assert kgp.KernelRegressor().fit(X, X[:, 0]).score(X, X[:, 0]) > 0.99
+    finally:
+        kgp.settings.max_exact_size.set(before)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "setting", "default_expr"),
+    [
+        ("KGP_MEMORY_BUDGET", "lots", "memory_budget", "settings._default_budget()"),
+        ("KGP_MEMORY_BUDGET", "-5", "memory_budget", "settings._default_budget()"),
+        ("KGP_KERNEL_CACHE", "always", "kernel_cache", "'never'"),
+        ("KGP_MAX_EXACT_SIZE", "1.5", "max_exact_size", "20000"),
+    ],
+)
+def test_invalid_environment_value_warns_and_uses_the_default(variable, value, setting, default_expr):
+    code = (
+        "import warnings; warnings.simplefilter('always')\n"
+        "import kgp\nfrom kgp import settings\n"
+        f"assert settings.{setting}.value() == {default_expr}, settings.{setting}.value()\n"
+        "print('ok')"
+    )
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path), variable: value, "OMP_WAIT_POLICY": "PASSIVE"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+    assert f"ignoring {variable}={value!r}" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_valid_environment_values_are_used():
+    code = "import kgp; print(kgp.settings.memory_budget.value(), kgp.settings.kernel_cache.value())"
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": ":".join(sys.path),
+        "KGP_MEMORY_BUDGET": "1e6",
+        "KGP_KERNEL_CACHE": "auto",
+    }
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.stdout.split() == ["1000000", "auto"] and out.stderr == ""
