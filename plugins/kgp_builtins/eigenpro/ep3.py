@@ -28,8 +28,14 @@ from kgp import settings
 from kgp.options import Option
 from kgp.plugin import KernelExpansion, Problem, merge_options
 
-from .iterates import TailAverage, check_finite, checked_targets
-from .nystrom import KernelOpFactory, critical_batch_and_step, nystrom_preconditioner, symmetric_top_eigenvalue
+from .iterates import EpochLog, TailAverage, checked_targets
+from .nystrom import (
+    KernelOpFactory,
+    critical_batch_and_step,
+    draw_subsamples,
+    heldout_curvature,
+    nystrom_preconditioner,
+)
 from .options import EIGENPRO3_DEFAULTS, resolve_average_epochs, resolve_subsample
 from .projection import CholeskyProjection, EigenPro2Projection
 
@@ -96,7 +102,8 @@ class EigenPro3Solver:
         monitor.start(total=opts["epochs"], desc=self.name)
         with torch.no_grad():
             setup_start = time.perf_counter()
-            pre = nystrom_preconditioner(kop, X, s, q, gen)
+            idx_s, idx_h, exact = draw_subsamples(n, s, s, gen, X.device)
+            pre, _, _ = nystrom_preconditioner(kop, X, idx_s, idx_h, exact, q, sigma2, white_noise=False)
             # ZE = K(Z, X_s) E (p x q): the paper's C = K(Z, X_s) Q_s kept in factored form, O(p q).
             ZE = kop(Z, pre.points) @ pre.E if pre.q > 0 else Z.new_zeros(p, 0)
             proj = (
@@ -104,14 +111,26 @@ class EigenPro3Solver:
                 if projection == "cholesky"
                 else EigenPro2Projection(kop, Z, s2, q2, opts["projection_epochs"], gen)
             )
-            lam_top = self._top_eigenvalue(kop, X, Z, pre, ZE, proj, opts["correction"], s, gen) + sigma2
-            beta = pre.beta + sigma2 / n
+            whitened = projection == "cholesky" and opts["correction"] == "projected"
+            if isinstance(proj, CholeskyProjection):
+                beta, lam_data, U = self._curvature(kop, X, Z, idx_h, exact, pre, ZE, proj, opts["correction"])
+            else:
+                U = None
+                beta = float(kop(pre.points[:256], pre.points[:256]).to_dense().diagonal().max())
+                lam_data = self._power_top(kop, X[idx_h], Z, pre, ZE, proj, opts["correction"], n / len(idx_h), gen)
+            lam_top = lam_data + sigma2
+            beta = beta + sigma2 / n
             batch, step = critical_batch_and_step(beta, lam_top, n, opts["batch_size"])
             setup_time = time.perf_counter() - setup_start
 
             alpha = torch.zeros(p, y.shape[1], dtype=X.dtype, device=X.device)
+            # whitened coordinates b = L^T alpha (K_ZZ + jitter = L L^T): the projected preconditioned
+            # step is then L^{-T} (I - U d U^T) L^{-1} h, two triangular solves per batch (docs)
+            b_white = torch.zeros_like(alpha) if whitened else None
             y_scale = float(y.pow(2).mean()) or 1.0
             average = TailAverage(alpha)
+            log = EpochLog(self.name, y_scale)
+            converged = stop = False
             first_avg = opts["epochs"] - average_epochs + 1
             for epoch in range(1, opts["epochs"] + 1):
                 times = {"gradient": 0.0, "correction": 0.0, "projection": 0.0}
@@ -125,15 +144,33 @@ class EigenPro3Solver:
                     g, grad = _batch_residual_gradient(kop, Xb, Z, alpha, y[b])
                     sq_sum += float(g.pow(2).sum())
                     t1 = time.perf_counter()
-                    theta = self._direction(
-                        kop, opts["correction"], Xb, g, grad, alpha, pre, ZE, proj, sigma2, n / mb, times, t1
-                    )
                     times["gradient"] += t1 - t0
-                    alpha.sub_(theta, alpha=opts["lr_scale"] * step(mb) / n)
+                    eta = opts["lr_scale"] * step(mb) / n
+                    if whitened:
+                        L = proj.L
+                        w = torch.linalg.solve_triangular(L, grad, upper=False).mul_(n / mb)
+                        if sigma2:
+                            w.add_(b_white, alpha=sigma2)
+                        t2 = time.perf_counter()
+                        if pre.q > 0:
+                            w.sub_(U @ (pre.d.unsqueeze(-1) * (U.T @ w)))
+                        t3 = time.perf_counter()
+                        b_white.sub_(w, alpha=eta)
+                        alpha.sub_(torch.linalg.solve_triangular(L.mT, w, upper=True), alpha=eta)
+                        times["projection"] += (t2 - t1) + (time.perf_counter() - t3)
+                        times["correction"] += t3 - t2
+                    else:
+                        theta = self._direction(
+                            kop, opts["correction"], Xb, g, grad, alpha, pre, ZE, proj, sigma2, n / mb, times, t1
+                        )
+                        alpha.sub_(theta, alpha=eta)
                     if epoch >= first_avg:
                         average()
-                check_finite(alpha, epoch, "eigenpro")
+                if whitened:
+                    # re-synchronise b = L^T alpha (rounding drift between the two updates)
+                    torch.matmul(proj.L.mT, alpha, out=b_white)
                 train_mse = sq_sum / (n * y.shape[1])
+                log.record(epoch, train_mse, alpha)
                 stop = monitor.step(
                     epoch,
                     lambda: KernelExpansion(problem.kernel, Z, average.current().clone()),
@@ -141,6 +178,7 @@ class EigenPro3Solver:
                     batch_size=batch,
                     step_size=opts["lr_scale"] * step(batch),
                     top_eigenvalue=lam_top,
+                    beta=beta,
                     q=pre.q,
                     s=s,
                     projection=proj.kind,
@@ -148,9 +186,13 @@ class EigenPro3Solver:
                     time_gradient=times["gradient"],
                     time_correction=times["correction"],
                     time_projection=times["projection"],
+                    remaining=log.remaining(),
                 )
-                if stop or (opts["tol"] > 0 and train_mse <= opts["tol"] * y_scale):
+                converged = opts["tol"] > 0 and train_mse <= opts["tol"] * y_scale
+                if stop or converged:
                     break
+            # a caller's stop (monitor) is the caller's choice: no warning then
+            log.finish(converged or bool(stop))
         return KernelExpansion(problem.kernel, Z, average.current())
 
     # ------------------------------------------------------------------ pieces
@@ -187,38 +229,33 @@ class EigenPro3Solver:
         return theta
 
     @staticmethod
-    def _top_eigenvalue(kop, X, Z, pre, ZE, proj, correction, size, gen) -> float:
-        r"""Top eigenvalue (sum units) of the full-batch iteration map, estimated on a held-out subsample H.
+    def _curvature(kop, X, Z, idx_h, exact, pre, ZE, proj, correction):
+        r"""Per-sample curvature and top eigenvalue (sum units) of the data term of the iteration map, on H.
 
-        With the Cholesky projection (``K_ZZ = L L^T``, ``W = L^{-1} K(Z, H)``, ``U = L^{-1} ZE``) the map
-        ``alpha -> theta`` restricted to the data term has the eigenvalues of
-        ``(n/|H|) W^T (I - U D U^T) W`` (``"projected"``, symmetric) or
-        ``(n/|H|) (W^T W - W^T U D E^T K(X_s, H))`` (``"paper"``). With the inexact projection
-        (large p) the map itself, inner EigenPro 2.0 solves included, is power-iterated on H.
+        With ``K_ZZ = L L^T``, ``W = L^{-1} K(Z, H)`` and ``U = L^{-1} ZE`` the map ``alpha -> theta``
+        restricted to the data term acts on span K(., H) as ``W^T (I - U D U^T) W`` (``"projected"``,
+        symmetric) or ``W^T W - W^T U D E^T K(X_s, H)`` (``"paper"``); :func:`heldout_curvature` turns
+        its restriction to H into ``beta`` and ``lambda_top``. Returns ``(beta, lambda_top, U)``.
         """
         n = X.shape[0]
-        h_idx = torch.randperm(n, generator=gen)[:size].to(X.device)
-        H = X[h_idx]
-        if not isinstance(proj, CholeskyProjection):
-            return EigenPro3Solver._power_top(kop, H, Z, pre, ZE, proj, correction, n / size, gen)
+        H = X[idx_h]
         L = proj.L
-        W = torch.linalg.solve_triangular(L, kop(Z, H).to_dense(), upper=False).double()
-        if pre.q == 0:
-            M = W.T @ W
-        else:
-            U = torch.linalg.solve_triangular(L, ZE, upper=False).double()
-            d = pre.d.double()
+        W = torch.linalg.solve_triangular(L, kop(Z, H).to_dense(), upper=False)
+        U = torch.linalg.solve_triangular(L, ZE, upper=False) if pre.q > 0 else None
+        M = W.T @ W
+        if pre.q > 0:
             WU = W.T @ U
             if correction == "projected":
-                M = W.T @ W - (WU * d) @ WU.T
+                M = M - (WU * pre.d) @ WU.T
             else:
-                Ksh = kop(pre.points, H).to_dense().double()
-                M = W.T @ W - (WU * d) @ (pre.E.double().T @ Ksh)
+                Ksh = kop(pre.points, H).to_dense()
+                M = M - (WU * pre.d) @ (pre.E.T @ Ksh)
         if correction == "projected" or pre.q == 0:
-            top = symmetric_top_eigenvalue(M)
+            beta, top = heldout_curvature(M, n, exact)
         else:
-            top = float(torch.linalg.eigvals(M).abs().max())
-        return top * n / size
+            beta = float(M.diagonal().max())
+            top = float(torch.linalg.eigvals(M.double()).abs().max()) * (n / M.shape[0] if not exact else 1.0)
+        return beta, top, U
 
     @staticmethod
     def _power_top(kop, H, Z, pre, ZE, proj, correction, scale, gen, iterations: int = 20) -> float:

@@ -3,13 +3,18 @@ r"""The Nystrom preconditioner of EigenPro 2.0 / 3.0 and the step-size rule it i
 Shared by both solvers (the data preconditioner of ``eigenpro`` and ``eigenpro2``, the model
 preconditioner of the inner EigenPro 2.0 projection):
 
-- :func:`nystrom_preconditioner`: the top-q eigensystem of ``K(X_s, X_s)`` on a uniform subsample,
-  giving ``P_s{K(., A) a} = K(., A) a - K(., X_s) Q_s K(X_s, A) a`` with
-  ``Q_s = E (I - lambda_{q+1} Lambda^-1) Lambda^-1 E^T`` (EigenPro 3 eq. 29-30, Lemma 5);
-- :func:`heldout_top_eigenvalue`: the top eigenvalue of the preconditioned operator, estimated on an
-  independent subsample (the paper's ``(n/s) lambda^s_{q+1}`` underestimates it);
+- :func:`draw_subsamples`: the Nystrom subsample S and a held-out sample H disjoint from it;
+- :func:`nystrom_preconditioner`: the eigensystem of ``K(X_s, X_s)``, giving
+  ``P_s{K(., A) a} = K(., A) a - K(., X_s) Q_s K(X_s, A) a`` with ``Q_s = E diag(d) E^T``
+  (EigenPro 3 eq. 29-30, Lemma 5), with the curvature of each direction measured on H;
+- :func:`heldout_curvature`: the per-sample curvature ``beta`` and the top eigenvalue of a
+  preconditioned map from its restriction to H;
 - :func:`critical_batch_and_step`: the critical batch ``m* = beta / lambda`` and step
   ``eta_m = m / (beta + (m - 1) lambda)`` of EigenPro 2.0 (Ma & Belkin 2019; EigenPro 3 Sec. 4.5).
+
+Everything is in "sum units": the curvature of ``sum_i (f(x_i) - y_i)^2 + sigma^2 ||f||^2`` (the
+eigenvalues of ``K(X, X) + sigma^2 I``), so that EigenPro 2.0 (``K + sigma^2 I``) and 3.0
+(``K_op + sigma^2 I`` projected on span Z) share one rule. Measurements: docs/solvers/eigenpro.md.
 """
 
 from __future__ import annotations
@@ -27,36 +32,58 @@ __all__ = [
     "KernelOpFactory",
     "NystromPreconditioner",
     "critical_batch_and_step",
-    "heldout_top_eigenvalue",
+    "draw_subsamples",
+    "heldout_curvature",
     "nystrom_preconditioner",
 ]
 
 #: ``kop(A, B)`` -> lazy ``K(A, B)`` (``problem.kernel_operator``).
 KernelOpFactory = Callable[[Tensor, Tensor], Any]
 
+#: Up to this many points the held-out sample is the whole point set: the curvature estimates are
+#: then exact (the n x n map costs at most ~3,000^2 entries).
+EXACT_CURVATURE_POINTS = 3000
+
+
+def draw_subsamples(n: int, s: int, h: int, generator: torch.Generator, device) -> tuple[Tensor, Tensor, bool]:
+    """Indices of the Nystrom subsample S (size s) and of a held-out sample H; ``exact`` when H is every point.
+
+    With ``n <= EXACT_CURVATURE_POINTS`` H is every point (curvature estimates are exact); otherwise H
+    is drawn from the points outside S (``min(h, n - s)`` of them), so that it sees the directions
+    the subsample did not.
+    """
+    perm = torch.randperm(n, generator=generator)
+    idx_s = perm[:s].to(device)
+    if n <= EXACT_CURVATURE_POINTS or n - s < 2:
+        return idx_s, torch.arange(n, device=device), True
+    return idx_s, perm[s : s + min(h, n - s)].to(device), False
+
 
 @dataclass
 class NystromPreconditioner:
-    r"""Top-q eigensystem of ``K(P_s, P_s) + shift I`` on a subsample ``P_s`` of the points P.
+    r"""Damping of the Nystrom eigendirections of ``K(X_s, X_s)``, in the factored form ``Q_s = E diag(d) E^T``.
 
-    Represents :math:`Q_s = E (I - \lambda_{q+1}\Lambda^{-1})\Lambda^{-1} E^\top` (EigenPro 3 eq. 30)
-    in factored form, ``E diag(d) E^T`` with ``d_i = (1 - lambda_{q+1}/lambda_i) / lambda_i``,
-    eigenvalues in sum units (of the s x s matrix, not divided by s).
+    ``P_s psi_j = (tau / mu_j) psi_j`` for the kept eigenfunctions ``psi_j = K(., X_s) e_j / sqrt(lambda_j)``
+    whose curvature ``mu_j`` exceeds the level ``tau`` (EigenPro 3 eq. 29 with ``tau = lambda_{q+1}``,
+    ``mu_j = lambda_j`` in the paper), so ``d_j = (1 - tau / mu_j) / lambda_j``.
 
     Attributes
     ----------
     idx:
-        Indices of the subsample in P (length s).
+        Indices of the subsample in the points (length s).
     points:
-        ``P[idx]``.
+        The subsample.
     E:
-        ``s x q`` top eigenvectors.
+        ``s x q`` eigenvectors of the damped directions.
     d:
         Length-q diagonal above.
     eigenvalues:
-        Top q + 1 eigenvalues, decreasing.
-    beta:
-        ``max_i k(p_i, p_i) + shift`` over the subsample (per-sample curvature bound of SGD).
+        Eigenvalues ``lambda_j`` of ``K(X_s, X_s)`` (plus the white-noise shift for EigenPro 2.0),
+        decreasing, all s of them.
+    curvature:
+        ``mu_j`` of the damped directions (sum units, ridge included).
+    level:
+        ``tau`` (sum units).
     """
 
     idx: Tensor
@@ -64,7 +91,8 @@ class NystromPreconditioner:
     E: Tensor
     d: Tensor
     eigenvalues: Tensor
-    beta: float
+    curvature: Tensor
+    level: float
 
     @property
     def q(self) -> int:
@@ -77,77 +105,151 @@ class NystromPreconditioner:
         return self.E @ (self.d.unsqueeze(-1) * (self.E.T @ v))
 
 
+def _check_finite(K: Tensor, what: str) -> None:
+    if not bool(torch.isfinite(K).all()):
+        raise ValueError(
+            f"eigenpro: the kernel matrix {what} has non-finite entries ({K.dtype}); the inputs' scale "
+            "overflows the kernel evaluation (e.g. squared distances beyond the dtype's range): standardise "
+            "the inputs (or scale the lengthscale with them), or use float64"
+        )
+
+
+def _eigh(K: Tensor) -> tuple[Tensor, Tensor]:
+    """Eigen-decomposition, decreasing; retried in float64 if the dtype's LAPACK driver fails."""
+    try:
+        evals, evecs = torch.linalg.eigh(K)
+    except torch.linalg.LinAlgError:
+        evals, evecs = torch.linalg.eigh(K.double())
+        evals, evecs = evals.to(K.dtype), evecs.to(K.dtype)
+    return evals.flip(0), evecs.flip(1)
+
+
 @torch.no_grad()
 def nystrom_preconditioner(
-    kop: KernelOpFactory, points: Tensor, s: int, q: int, generator: torch.Generator, shift: float = 0.0
-) -> NystromPreconditioner:
-    """Build the Nystrom preconditioner of EigenPro 2.0 / 3.0 (eq. 29-30) on ``s`` uniform points.
-
-    The s x s eigendecomposition (O(s^3), once) runs in ``points``' dtype.
-    """
-    n = points.shape[0]
-    idx = torch.randperm(n, generator=generator)[:s].to(points.device)
-    sub = points[idx]
-    K = kop(sub, sub).to_dense()
-    if shift:
-        K.diagonal().add_(shift)
-    beta = float(K.diagonal().max())
-    # Only lambda_1..lambda_{q+1} matter and their relative accuracy in float32 (~eps lambda_1) is
-    # ample for a step size; float32 eigh is about 2x faster than float64 here.
-    evals, evecs = torch.linalg.eigh(K)
-    evals, evecs = evals.flip(0), evecs.flip(1)
-    top = evals[: q + 1].clamp_min(0.0)
-    E = evecs[:, :q]
-    lam = top[:q]
-    lam_next = top[q] if q < s else top.new_zeros(())
-    # Numerically zero eigenvalues (rank-deficient K) cannot be inverted: drop those directions.
-    keep = lam > max(float(top[0]), 1e-300) * 1e-12
-    lam, E = lam[keep], E[:, keep]
-    d = (1.0 - lam_next / lam) / lam
-    return NystromPreconditioner(idx=idx, points=sub, E=E, d=d, eigenvalues=top, beta=beta)
-
-
-@torch.no_grad()
-def heldout_top_eigenvalue(
     kop: KernelOpFactory,
     points: Tensor,
-    pre: NystromPreconditioner,
-    size: int,
-    generator: torch.Generator,
-    shift: float = 0.0,
-) -> float:
-    r"""Estimate the top eigenvalue of the preconditioned operator :math:`P_s \mathcal{K}` (sum units).
+    idx_s: Tensor,
+    idx_h: Tensor,
+    exact: bool,
+    q: int,
+    noise: float,
+    white_noise: bool,
+) -> tuple[NystromPreconditioner, Tensor, Tensor]:
+    r"""Build the data preconditioner of EigenPro 2.0 / 3.0 (eq. 29-30) on the subsample ``points[idx_s]``.
 
-    The Nystrom value ``(n/s) lambda^s_{q+1}`` underestimates it (by 1.5-2.6x in the measurements
-    of docs/solvers/eigenpro.md, because P_s only flattens the directions the subsample saw). We
-    evaluate ``K(H, H) - K(H, S) Q_s K(S, H)`` (the operator restricted to span K(., H)) on an
-    independent uniform subsample H and rescale by n / |H|. With ``shift`` (the ridge diagonal of
-    EigenPro 2.0, P built from K + shift I) the bound ``lambda_max(P K_shift) <= lambda_max(P K) +
-    shift`` is returned (the white-noise part does not rescale with n / |H|).
+    Parameters
+    ----------
+    kop:
+        Kernel factory.
+    points:
+        All n points (training inputs, or the centers for the model preconditioner).
+    idx_s, idx_h, exact:
+        From :func:`draw_subsamples`.
+    q:
+        Most directions to damp (< s).
+    noise:
+        sigma^2 of the curvature ``K_op + sigma^2 I`` (0 for interpolation).
+    white_noise:
+        EigenPro 2.0's kernel ``k + sigma^2 delta``: the Nystrom matrix is ``K(X_s, X_s) + sigma^2 I``.
+
+    Returns
+    -------
+    (NystromPreconditioner, K'(H, X_s), K'(H, H))
+        The held-out blocks (``K' = K + shift delta``, the white-noise shift of EigenPro 2.0 included)
+        are returned for the curvature estimate of :func:`heldout_curvature`.
     """
     n = points.shape[0]
-    h_idx = torch.randperm(n, generator=generator)[:size].to(points.device)
-    H = points[h_idx]
-    Khh = kop(H, H).to_dense().double()
-    if pre.q > 0:
-        Khs = kop(H, pre.points).to_dense()
-        Khh = Khh - Khs.double() @ pre.apply(Khs.T).double()
-    return symmetric_top_eigenvalue(Khh) * n / size + shift
+    s = idx_s.shape[0]
+    sub = points[idx_s]
+    K = kop(sub, sub).to_dense()
+    _check_finite(K, "of the Nystrom subsample")
+    Khs = kop(points[idx_h], sub).to_dense()
+    _check_finite(Khs, "between the held-out sample and the Nystrom subsample")
+    if exact:
+        # H = every point, so H holds S: its entries k(x, x) come from the exact diagonal, not from
+        # the cross-block evaluation, which loses them at extreme input scales (|x| / lengthscale ~ 1e30).
+        Khs[idx_s, torch.arange(s, device=Khs.device)] = K.diagonal()
+    shift = noise if white_noise else 0.0
+    if shift:
+        K.diagonal().add_(shift)
+    evals, evecs = _eigh(K)
+    lam = evals.clamp_min(0.0)
+    # Directions below the float32 rounding level of K(X_s, X_s) (s eps32 lambda_1, the pseudo-inverse
+    # convention) are left alone, in both dtypes: inverting them amplified rounding errors without bound
+    # (smooth kernels: test R^2 0.006 where exact reached 0.999), and with the float64 level instead
+    # (s eps64 lambda_1) directions down to 1e-10 lambda_1 were damped by 1/lambda_j, which the
+    # projection's L^{-1} (jitter 10 eps) turned into noise: test RMSE 0.71 in float64 against 0.049 in
+    # float32 on the ill-conditioned ARD test problem (lengthscales 0.3 / 3 / 30, noise 1e-3).
+    floor = s * torch.finfo(torch.float32).eps * float(lam[0]) if s else 0.0
+    valid = int((lam > max(floor, 1e-300)).sum())
+    q = min(q, max(valid - 1, 0))
+    lam64 = lam.double()
+    # Rayleigh quotient of each Nystrom eigenfunction on the whole operator K_op = sum_i K(., x_i) K(., x_i):
+    # <psi_j, K_op psi_j> = sum_i (K(x_i, X_s) e_j)^2 / lambda_j, the subsample's own rows giving lambda_j^2
+    # and the held-out rows estimating the rest. (n/s) lambda_j overstates it where K(X_s, X_s) is
+    # dominated by its diagonal (short ARD lengthscales, duplicates), see docs.
+    rows = Khs.double() @ evecs[:, :valid].double()
+    kept = lam64[:valid]
+    if exact:
+        if shift:  # K'(X, X_s) = K(X, X_s) + sigma^2 at the subsample's own rows (H = X here)
+            rows[idx_s] += shift * evecs[:, :valid].double()
+        mu_v = rows.pow(2).sum(0) / kept
+    else:
+        mu_v = kept + (n - s) / idx_h.shape[0] * rows.pow(2).sum(0) / kept
+    if not white_noise:  # the ridge term sigma^2 ||f||^2 (EigenPro 2.0's k + sigma^2 delta has it inside)
+        mu_v = mu_v + noise
+    mu = torch.zeros_like(lam64)
+    mu[:valid] = mu_v
+    # Level tau: damping a direction below the curvature rho left outside the subsample's span buys
+    # nothing (the step is set by rho) and slows that direction down by rho / tau (measured on sml:
+    # q = s - 1 with tau = lambda_s gave 31x FALKON's RMSE after 10 epochs). rho: top eigenvalue of the
+    # Nystrom residual K(H, H) - K(H, S) K(S, S)^+ K(S, H), held out.
+    Khh = kop(points[idx_h], points[idx_h]).to_dense()
+    if shift:
+        Khh.diagonal().add_(shift)
+    Kp = Khs
+    if shift and exact:
+        Kp = Khs.clone()
+        Kp[idx_s, torch.arange(s, device=Khs.device)] += shift
+    if valid > 0:
+        V = Kp.double() @ evecs[:, :valid].double()
+        R = Khh.double() - (V / lam64[:valid]) @ V.T
+        _, rho = heldout_curvature(R, n, exact)
+        rho += 0.0 if white_noise else noise
+    else:
+        rho = 0.0
+    tau = max(float(mu[q]) if q < valid else float(noise), rho)
+    keep = torch.zeros_like(lam64, dtype=torch.bool)
+    keep[:q] = mu[:q] > tau
+    E = evecs[:, keep]
+    d = ((1.0 - tau / mu[keep]) / lam64[keep]).to(K.dtype)
+    pre = NystromPreconditioner(
+        idx=idx_s, points=sub, E=E, d=d, eigenvalues=lam, curvature=mu[keep].to(K.dtype), level=tau
+    )
+    return pre, Kp, Khh
 
 
-def symmetric_top_eigenvalue(M: Tensor) -> float:
-    """Largest eigenvalue of a symmetric PSD matrix, by :func:`kgp.linalg.largest_eigenvalue`.
+def heldout_curvature(M: Tensor, n: int, exact: bool) -> tuple[float, float]:
+    r"""Per-sample curvature ``beta`` and top eigenvalue (sum units) of a map from its held-out restriction.
 
-    The matrices met here are preconditioned: their top q eigenvalues are flattened towards
-    lambda_{q+1}, a cluster on which subspace iteration with the default 8 columns crawls and its
-    relative-change stop fires early (measured on the test suite's problems: up to 7e-4 below
-    ``eigvalsh``, 9e-5 even with rtol 1e-10 and 500 steps). 32 columns and rtol 1e-9 came within
-    1.3e-9 of ``eigvalsh`` there and within 1.2e-10 at s = 2000, q = 200 on letter (Laplacian and
-    Gaussian), in 0.2-0.7 s against 0.15-0.5 s for the LOBPCG used before and 0.8-4 s for ``eigvalsh``.
-    A cluster wider than the block stays unresolved, but the Ritz value lands inside it, so the error is
-    at most the cluster's width: with s = n = 768, q = 76 (UCI energy) 3e-4 below ``eigvalsh``.
+    ``M`` (h x h) is the map restricted to the held-out sample H: its diagonal holds each point's own
+    curvature ``beta_i`` (the per-sample bound of SGD is their maximum) and its off-diagonal part
+    the interaction between points. For the n x n map the off-diagonal part scales with the number
+    of points, the diagonal does not, so the top eigenvalue is estimated as
+    ``(n - 1)/(h - 1) lambda_max(M - D) + max D`` (an upper bound of ``lambda_max`` when the scaled
+    off-diagonal estimate holds). The plain ``(n/h) lambda_max(M)`` overstated it by up to n/h where
+    the map is dominated by its diagonal (short ARD lengthscales), so steps were that much too small.
+    With ``exact`` (H = every point) ``lambda_max(M)`` itself.
     """
-    return largest_eigenvalue(0.5 * (M + M.T), rtol=1e-9, block=32)
+    M = 0.5 * (M + M.T)
+    D = M.diagonal()
+    beta = float(D.max())
+    if exact:
+        return beta, largest_eigenvalue(M.double(), rtol=1e-9, block=32)
+    h = M.shape[0]
+    shifted = M.double() - torch.diag(D.double()) + beta * torch.eye(h, dtype=torch.float64, device=M.device)
+    off = largest_eigenvalue(shifted, rtol=1e-9, block=32) - beta
+    return beta, (n - 1) / (h - 1) * max(off, 0.0) + beta
 
 
 def critical_batch_and_step(beta: float, lam_top: float, n: int, batch_size: int | None) -> tuple[int, Callable]:
@@ -166,3 +268,8 @@ def critical_batch_and_step(beta: float, lam_top: float, n: int, batch_size: int
         return mb / (beta + (mb - 1) * lam)
 
     return m, step
+
+
+def symmetric_top_eigenvalue(M: Tensor) -> float:
+    """Largest eigenvalue of a symmetric PSD matrix (see :func:`kgp.linalg.largest_eigenvalue`)."""
+    return largest_eigenvalue(0.5 * (M + M.T), rtol=1e-9, block=32)

@@ -24,6 +24,19 @@ from .nystrom import KernelOpFactory
 __all__ = ["CholeskyProjection", "EigenPro2Projection"]
 
 
+def _spectral_norm(S: Tensor, iterations: int = 30) -> float:
+    """Largest |eigenvalue| of a symmetric matrix by power iteration (a full SVD took 300 s at p = 4,700)."""
+    v = torch.ones(S.shape[0], 1, dtype=S.dtype, device=S.device) / S.shape[0] ** 0.5
+    est = 0.0
+    for _ in range(iterations):
+        w = S @ v
+        est = float(w.norm())
+        if est == 0.0:
+            return 0.0
+        v = w / est
+    return est
+
+
 class CholeskyProjection:
     """Exact ``K(Z, Z)^{-1} h`` by the Cholesky factor of ``K(Z, Z) + jitter I``.
 
@@ -35,21 +48,35 @@ class CholeskyProjection:
     kind = "cholesky"
 
     def __init__(self, kop: KernelOpFactory, Z: Tensor):
-        K = kop(Z, Z).to_dense()
+        # K(Z, Z) is evaluated and factored in float64 whatever the input dtype, the factor cast back:
+        # the float32 kernel evaluation ((||x||^2 + ||z||^2 - 2 x.z) after scaling by short ARD
+        # lengthscales) was off by 3e-4 = 0.45% of the outputscale on UCI parkinsons (M = 4,700), an
+        # indefinite matrix (lowest eigenvalue -1.2e-3, float64: +2.2e-8) that no jitter up to 1% factored.
+        # Cost: the float64 Cholesky at p = 5,000 takes 0.47 s against 0.28 s (shared/notes/machine.md).
+        dtype = Z.dtype
+        K = kop(Z.double(), Z.double()).to_dense()
+        K = 0.5 * (K + K.mT)
         scale = float(K.diagonal().max())
         # Always some jitter, from 10 eps up, instead of psd_cholesky's plain first try: the one-jitter
         # loop below keeps the schedule (and results) of the hand-written factorisation it replaced,
         # and tells solve_ridge which jitter was added.
-        jitter = 10 * torch.finfo(Z.dtype).eps * scale
+        jitter = 10 * torch.finfo(dtype).eps * scale
+        if dtype != torch.float64:
+            # The iteration's gradients use the kernel evaluated in the input dtype: K(Z, Z) is known to
+            # that precision only, and directions below it are noise that L^{-1} amplified (UCI parkinsons,
+            # float32: divergence at epoch 4). The jitter starts at the spectral norm of the evaluation
+            # error instead (1e-3 = 1.5% of the outputscale there, 1e-7 relative on standardised RBF inputs).
+            E = kop(Z, Z).to_dense().double() - K
+            jitter = max(jitter, _spectral_norm(0.5 * (E + E.mT)))
         while True:
             A = K.clone()
             A.diagonal().add_(jitter)
-            last = jitter * 10 > 1e-2 * scale
+            last = jitter * 10 > max(1e-2 * scale, jitter)
             try:
                 L = psd_cholesky(
                     A,
                     max_tries=0,
-                    what=f"K(Z, Z) + {jitter:.1e} I of the eigenpro centers",
+                    what=f"K(Z, Z) + {jitter:.1e} I of the eigenpro centers (in float64)",
                     remedy="are centers duplicated (or not finite)? Remove them",
                 )
                 break
@@ -57,11 +84,14 @@ class CholeskyProjection:
                 if last:
                     raise
             jitter *= 10
-        self.L = L
+        self.L = L.to(dtype)
         self.jitter = jitter
 
     def solve(self, h: Tensor) -> Tensor:
-        return torch.cholesky_solve(h, self.L)
+        # two solve_triangular calls, not cholesky_solve: at p = 5000 (1 right-hand side) cholesky_solve
+        # took 118 ms against 2 x 5 ms here (it copies the factor into LAPACK's layout on every call)
+        w = torch.linalg.solve_triangular(self.L, h, upper=False)
+        return torch.linalg.solve_triangular(self.L.mT, w, upper=True)
 
     def solve_ridge(self, h: Tensor, alpha: Tensor, sigma2: float) -> Tensor:
         """``K_ZZ^{-1}(h + sigma2 K_ZZ alpha)`` with ``K_ZZ = L L^T - jitter I`` exactly, in one solve."""
