@@ -37,9 +37,11 @@ PHASE_TOL = 0.1
 # issue 12 (50 passes, R^2 -6.5) by 103% (docs/solvers/dsg.md, "Convergence check").
 CONVERGENCE_TOL = 1.0
 
-# The run is "far from converged" when the fitted function on the training points still moved by
-# more than this fraction of its norm over the second half of the run (docs/solvers/dsg.md).
-MOVE_TOL = 0.05
+# least_squares: "far from converged" when the fitted function on the training points still moved
+# by more than this fraction of its norm over the second half of the run. Measured
+# (docs/solvers/dsg.md): 0.006-0.08 with the defaults on the UCI sweep (skillcraft, the noisiest,
+# 0.076); 0.25-0.47 for truncated runs (energy, 4-8 passes of 16-32 features).
+MOVE_TOL = 0.15
 
 
 def scaled_inputs_checked(fmap: RandomFeatureMap, sampler: SpectralSampler, X: Tensor, what: str = "X") -> Tensor:

@@ -5,6 +5,22 @@ Implements Algorithm 1 (train) of B. Dai, B. Xie, N. He, Y. Liang, A. Raj, M.-F.
 minibatch of data points and a block of random features per step; Algorithm 2 (predict) is
 :class:`.features.RandomFeatureExpansion`.
 
+Two update rules (option ``update``; docs/solvers/dsg.md):
+
+- ``"least_squares"`` (default since issue 12): the preconditioned step of the paper's Sec. 4
+  remark ("estimate an empirical covariance for preconditioning"): step t's block is the ridge
+  least-squares fit ``a_t = (Phi_t^T Phi_t / m + rho I)^-1 Phi_t^T (y_B - f_t(X_B)) / m`` of the
+  residual by its r features (:func:`.least_squares.solve_block`), ``rho = nu T``: one sweep of
+  block coordinate descent on the random-feature ridge problem with all T r features. It cannot
+  overshoot, so it has no step size; the defaults (r = 512, all n points per step,
+  ``20 min(n, 5000)`` features in all) come from the UCI measurements in the docs.
+- ``"gradient"``: the plain step of eq. 6 below, with the step-size rule of :meth:`_gamma_max`.
+
+Both raise :class:`kgp.DivergenceError` on non-finite coefficients or a growing training loss and
+warn (:class:`kgp.ConvergenceWarning`) when a run ends far from converged (:mod:`.checks`). Inputs
+are centred on the training mean before the features (the phases stay small; the kernel is
+shift-invariant), and inputs whose phases would carry no precision are refused.
+
 Objective and regularisation (kgp convention, docs/solvers/dsg.md)
 ------------------------------------------------------------------
 The paper minimises ``R(f) = E[l(f(x), y)] + (nu / 2) ||f||_H^2`` (Sec. 3). With the loss
