@@ -529,3 +529,23 @@ def test_divergence_raises_with_cause_and_remedy():
     )
     with pytest.raises(kgp.DivergenceError, match="solver 'dsg': .*likely cause: .*remedy: lower the option gamma_max"):
         model.fit(X, y)
+
+
+def test_least_squares_partial_fit_continues_and_approaches_fit_on_all():
+    """Default update in streaming: the step counter, seed, update and shift carry over; chunks approach fit."""
+    X, y = _toy(600)
+    Xt, yt = _toy(300, seed=1)
+    opts = dict(features_per_step=64)
+    full = kgp.KernelRegressor("rbf", noise=0.05, solver="dsg", random_state=0, solver_options=opts).fit(X, y)
+    stream = kgp.KernelRegressor("rbf", noise=0.05, solver="dsg", random_state=0, solver_options=opts)
+    steps = []
+    for chunk in range(4):
+        rows = slice(150 * chunk, 150 * (chunk + 1))
+        stream.partial_fit(X[rows], y[rows])
+        steps.append(stream.predictor_.n_steps)
+    pred = stream.predictor_
+    assert steps == [47, 94, 141, 188]  # ceil(20 * 150 / 64) = 47 steps per chunk
+    assert pred.schedule["update"] == "least_squares" and pred.schedule["n_seen"] == 600
+    torch.testing.assert_close(pred.shift, X[:150].mean(0))  # the first chunk's mean, kept
+    rmse = lambda m: float((m.predict(Xt) - yt).square().mean().sqrt())  # noqa: E731
+    assert rmse(stream) < 1.3 * rmse(full) and rmse(full) < 0.5 * float(yt.std())
