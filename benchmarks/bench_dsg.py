@@ -155,7 +155,7 @@ def main() -> None:
     dsg_runs = {}
     configs = [(256, 64), (64, 256)]
     for m, r in configs:
-        opts = dict(passes=passes, batch_size=m, features_per_step=r, seed=0)
+        opts = dict(passes=passes, batch_size=m, features_per_step=r, seed=0, update="gradient")
         pred, points, wall = run_dsg(X, y, Xt, yt, kernel, noise, opts)
         label = f"dsg m={m} r={r}"
         dsg_runs[label] = points

@@ -47,13 +47,38 @@ class RandomFeatureMap:
         r.
     n_steps:
         Number of steps (blocks) T; the map has ``D = T r`` features.
+    shift:
+        Optional length-d point subtracted from every input first (the solver passes the training
+        mean). The features of ``x - c`` are those of ``x`` with the phases ``b`` moved by
+        ``omega^T c``, uniform again, so the kernel estimate is unchanged; the arguments
+        ``omega^T (x - c)`` stay small, which keeps their rounding error small for data far from
+        the origin (float32 carries about 7 digits of the phase).
     """
 
-    def __init__(self, kernel: gpytorch.kernels.Kernel, seed: int, features_per_step: int, n_steps: int):
+    def __init__(
+        self,
+        kernel: gpytorch.kernels.Kernel,
+        seed: int,
+        features_per_step: int,
+        n_steps: int,
+        shift: Tensor | None = None,
+    ):
         self.kernel = kernel
         self.seed = int(seed)
         self.features_per_step = int(features_per_step)
         self.n_steps = int(n_steps)
+        self.shift = None if shift is None else shift.detach().reshape(-1)
+
+    def scaled_inputs(self, X: Tensor, sampler: SpectralSampler | None = None) -> Tensor:
+        """``(X - shift) / lengthscale`` in X's dtype: the inputs whose products with z give the phases."""
+        sampler = sampler or spectral_sampler(self.kernel)
+        if self.shift is not None:
+            if self.shift.numel() != X.shape[1]:
+                raise ValueError(
+                    f"X: expected {self.shift.numel()} features like the training inputs, got {X.shape[1]}"
+                )
+            X = X - self.shift.to(device=X.device, dtype=X.dtype)
+        return sampler.scale_inputs(X)
 
     @property
     def n_features(self) -> int:
@@ -95,7 +120,7 @@ class RandomFeatureMap:
         out = torch.empty(n, len(steps) * r, dtype=X.dtype, device=X.device)
         amp = math.sqrt(2.0 * sampler.outputscale / r)
         with torch.no_grad():
-            U = sampler.scale_inputs(X)
+            U = self.scaled_inputs(X, sampler)
             rows = max(1, min(n, _BLOCK_ELEMENTS // max(1, r)))
             for group in self._groups(steps, rows):
                 z, b = self.frequencies(sampler, group, d, X)
@@ -137,7 +162,7 @@ class RandomFeatureMap:
         amp = math.sqrt(2.0 * sampler.outputscale / r)
         steps = range(first_step, first_step + T)
         with torch.no_grad():
-            U = sampler.scale_inputs(X)
+            U = self.scaled_inputs(X, sampler)
             rows = max(1, min(n, 8192))
             for group in self._groups(steps, rows):
                 z, b = self.frequencies(sampler, group, d, X)
@@ -160,8 +185,11 @@ class RandomFeatureExpansion:
     seed:
         Model seed; step t's features come from :func:`step_seed` ``(seed, t)``.
     schedule:
-        Plain values needed to continue training (``partial_fit``): ``nu``, ``theta``, ``t0``,
-        ``gamma_max``, ``n_seen``.
+        Plain values needed to continue training (``partial_fit``), e.g. ``update``, ``nu``,
+        ``n_seen`` and the step-size constants.
+    shift:
+        The point subtracted from inputs before the features (:class:`RandomFeatureMap`); None: 0
+        (models saved before the shift existed).
 
     Notes
     -----
@@ -177,6 +205,7 @@ class RandomFeatureExpansion:
         coef: Tensor,
         seed: int,
         schedule: Mapping[str, Any] | None = None,
+        shift: Tensor | None = None,
     ):
         if coef.dim() == 2:
             coef = coef.unsqueeze(-1)
@@ -186,7 +215,8 @@ class RandomFeatureExpansion:
         self.coef = coef
         self.seed = int(seed)
         self.schedule = dict(schedule or {})
-        self.feature_map = RandomFeatureMap(kernel, self.seed, coef.shape[1], coef.shape[0])
+        self.shift = None if shift is None else shift.detach().reshape(-1)
+        self.feature_map = RandomFeatureMap(kernel, self.seed, coef.shape[1], coef.shape[0], self.shift)
 
     @property
     def n_steps(self) -> int:
@@ -219,15 +249,20 @@ class RandomFeatureExpansion:
         return self.feature_map.operator(X, steps)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"coef": self.coef.detach().cpu(), "seed": self.seed, "schedule": dict(self.schedule)}
+        state = {"coef": self.coef.detach().cpu(), "seed": self.seed, "schedule": dict(self.schedule)}
+        if self.shift is not None:
+            state["shift"] = self.shift.cpu()
+        return state
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any], kernel: gpytorch.kernels.Kernel) -> RandomFeatureExpansion:
-        return cls(kernel, state["coef"], int(state["seed"]), state.get("schedule"))
+        return cls(kernel, state["coef"], int(state["seed"]), state.get("schedule"), state.get("shift"))
 
     def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> RandomFeatureExpansion:
-        """A copy with the coefficients on ``device`` / in ``dtype``, with the same seed and schedule."""
-        return RandomFeatureExpansion(self.kernel, self.coef.to(device=device, dtype=dtype), self.seed, self.schedule)
+        """A copy with the coefficients on ``device`` / in ``dtype``, with the same seed, schedule and shift."""
+        shift = None if self.shift is None else self.shift.to(device=device, dtype=dtype)
+        coef = self.coef.to(device=device, dtype=dtype)
+        return RandomFeatureExpansion(self.kernel, coef, self.seed, self.schedule, shift)
 
     def __repr__(self) -> str:
         T, r, k = self.coef.shape

@@ -5,6 +5,22 @@ Implements Algorithm 1 (train) of B. Dai, B. Xie, N. He, Y. Liang, A. Raj, M.-F.
 minibatch of data points and a block of random features per step; Algorithm 2 (predict) is
 :class:`.features.RandomFeatureExpansion`.
 
+Two update rules (option ``update``; docs/solvers/dsg.md):
+
+- ``"least_squares"`` (default since issue 12): the preconditioned step of the paper's Sec. 4
+  remark ("estimate an empirical covariance for preconditioning"): step t's block is the ridge
+  least-squares fit ``a_t = (Phi_t^T Phi_t / m + rho I)^-1 Phi_t^T (y_B - f_t(X_B)) / m`` of the
+  residual by its r features (:func:`.least_squares.solve_block`), ``rho = nu T``: one sweep of
+  block coordinate descent on the random-feature ridge problem with all T r features. It cannot
+  overshoot, so it has no step size; the defaults (r = 512, all n points per step,
+  ``20 min(n, 5000)`` features in all) come from the UCI measurements in the docs.
+- ``"gradient"``: the plain step of eq. 6 below, with the step-size rule of :meth:`_gamma_max`.
+
+Both raise :class:`kgp.DivergenceError` on non-finite coefficients or a growing training loss and
+warn (:class:`kgp.ConvergenceWarning`) when a run ends far from converged (:mod:`.checks`). Inputs
+are centred on the training mean before the features (the phases stay small; the kernel is
+shift-invariant), and inputs whose phases would carry no precision are refused.
+
 Objective and regularisation (kgp convention, docs/solvers/dsg.md)
 ------------------------------------------------------------------
 The paper minimises ``R(f) = E[l(f(x), y)] + (nu / 2) ||f||_H^2`` (Sec. 3). With the loss
@@ -40,7 +56,6 @@ rate in the shifted clock, unchanged. ``t0 = 0`` gives the paper's schedule exac
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -50,7 +65,9 @@ from kgp.linalg import largest_eigenvalue
 from kgp.options import InvalidOptionError, Option
 from kgp.plugin import Problem, merge_options
 
+from .checks import LossTrace, scaled_inputs_checked
 from .features import RandomFeatureExpansion, RandomFeatureMap
+from .least_squares import solve_block
 from .spectra import SpectralSampler, spectral_sampler
 
 __all__ = ["DSGSolver"]
@@ -58,6 +75,15 @@ __all__ = ["DSGSolver"]
 
 _OWNER = "solver 'dsg'"
 _POSITIVE_OR_NONE = {"minimum": 0.0, "exclusive_minimum": True, "allow_none": True}
+
+# Defaults (measured on the UCI sweep; docs/solvers/dsg.md, "Defaults"): least_squares draws 512
+# features per step on all n points and 20 min(n, 5000) features in all; gradient keeps the former
+# 64 features, batches of 256 and 10 passes.
+_LS_FEATURES = 512
+_LS_FEATURES_PER_POINT = 20
+_LS_POINTS_CAP = 5000
+_GRADIENT_FEATURES = 64
+_GRADIENT_BATCH = 256
 
 
 class DSGSolver:
@@ -78,35 +104,67 @@ class DSGSolver:
     """
 
     option_defaults: dict[str, Option] = {
+        "update": Option.choice(
+            "least_squares",
+            ("least_squares", "gradient"),
+            help="step rule: ridge least-squares fit of the residual by the step's features, or the plain eq. 6 step",
+        ),
         "features_per_step": Option.integer(
-            64, minimum=1, help="r, random features drawn per step (one seed per step)"
+            None, minimum=1, allow_none=True, help="r, random features drawn per step; None: 512 (least_squares), 64"
         ),
         "batch_size": Option.integer(
-            256, minimum=1, help="m, data points per step (without replacement within a pass; capped at n)"
+            None,
+            minimum=1,
+            allow_none=True,
+            help="m, data points per step (capped at n); None: all n (least_squares), 256 (gradient)",
         ),
-        "passes": Option.integer(10, minimum=1, help="passes over the data in fit"),
-        "partial_fit_passes": Option.integer(1, minimum=1, help="passes over each chunk in partial_fit"),
+        "passes": Option.integer(
+            None,
+            minimum=1,
+            allow_none=True,
+            help="passes over the data in fit; None: 20 min(n, 5000) / r features' worth (least_squares), 10",
+        ),
+        "partial_fit_passes": Option.integer(
+            None,
+            minimum=1,
+            allow_none=True,
+            help="passes over each chunk in partial_fit; None: as passes (least_squares), 1 (gradient)",
+        ),
         "max_steps": Option.integer(
             None, minimum=1, allow_none=True, help="cap on the steps of one call; None: no cap"
         ),
         "nu": Option.number(
             None, **_POSITIVE_OR_NONE, help="the paper's regulariser nu; None: noise / n_seen (= problem.lam in fit)"
         ),
+        "ridge": Option.number(
+            None,
+            minimum=0.0,
+            allow_none=True,
+            help="least_squares: ridge rho of each block fit; None: nu T (T = steps after the call)",
+        ),
+        "gram_rows": Option.integer(
+            2048,
+            minimum=1,
+            help="least_squares: batches up to this size are solved directly, larger ones by CG preconditioned "
+            "with this many rows",
+        ),
         "theta": Option.number(
-            None, **_POSITIVE_OR_NONE, help="step-size constant in gamma_t = theta / (t + t0); None: 1 / nu (Thm. 4)"
+            None,
+            **_POSITIVE_OR_NONE,
+            help="gradient: step-size constant in gamma_t = theta / (t + t0); None: 1 / nu (Thm. 4)",
         ),
         "t0": Option.number(
             "auto",
             minimum=0.0,
             keywords=("auto",),
-            help="clock offset in gamma_t = theta / (t + t0); 'auto': first step gamma_max; 0: the paper's schedule",
+            help="gradient: clock offset in gamma_t = theta / (t + t0); 'auto': first step gamma_max; 0: the paper's",
         ),
         "gamma_max": Option.number(
             "auto",
             minimum=0.0,
             exclusive_minimum=True,
             keywords=("auto",),
-            help="first step for the 'auto' t0; 'auto': min(1 / (lambda_1 + s / m), r m / (n s))",
+            help="gradient: first step for the 'auto' t0; 'auto': min(1 / (lambda_1 + s / m), r m / (n s))",
         ),
         "seed": Option.integer(
             None, minimum=0, allow_none=True, help="model seed of the random features; None: from random_state"
@@ -114,7 +172,8 @@ class DSGSolver:
         "train_predictions": Option.choice(
             "auto",
             ("auto", "cache", "recompute"),
-            help="how f_t(x_j) is evaluated: cache f_t on X, recompute from seeds, or the cheaper (auto)",
+            help="how f_t(x_j) is evaluated: cache f_t on X, recompute from seeds, or the cheaper (auto); "
+            "least_squares always caches",
         ),
         "report_every": Option.integer(
             None, minimum=1, allow_none=True, help="steps between monitor reports; None: once per pass"
@@ -136,7 +195,12 @@ class DSGSolver:
         if previous is not None and not isinstance(previous, RandomFeatureExpansion):
             raise TypeError(f"previous: expected a RandomFeatureExpansion or None, got {type(previous).__name__}")
         opts = merge_options(_OWNER, self.option_defaults, problem.options)
-        return self._run(problem, previous, opts, opts["partial_fit_passes"])
+        passes = opts["partial_fit_passes"]
+        if passes is None:
+            update = previous.schedule.get("update", "gradient") if previous is not None else opts["update"]
+            gradient = update == "gradient"
+            passes = 1 if gradient else opts["passes"]  # gradient: one pass per chunk, as before issue 12
+        return self._run(problem, previous, opts, passes)
 
     # ------------------------------------------------------------------------------------------ internals
     def _gamma_max(self, problem: Problem, sampler: SpectralSampler, m: int, r: int) -> float:
@@ -161,15 +225,28 @@ class DSGSolver:
         return min(1.0 / (lam1 + s / m), r * m / (n * s))
 
     def _run(
-        self, problem: Problem, previous: RandomFeatureExpansion | None, opts: Mapping[str, Any], passes: int
+        self, problem: Problem, previous: RandomFeatureExpansion | None, opts: Mapping[str, Any], passes: int | None
     ) -> RandomFeatureExpansion:
         X, Y = problem.X, problem.y
         if not X.is_floating_point():
             raise TypeError(f"X: expected a floating-point tensor, got {X.dtype}")
         n, k = problem.n, problem.n_outputs
         sampler = spectral_sampler(problem.kernel)
-        r = opts["features_per_step"]
-        m = min(opts["batch_size"], n)
+        update = opts["update"]
+        if previous is not None:
+            update = previous.schedule.get("update", "gradient")
+            if opts["update"] != update and problem.options.get("update") is not None:
+                raise InvalidOptionError(
+                    f"{_OWNER} option 'update': expected {update!r} (the update of the model being continued), "
+                    f"got {opts['update']!r}"
+                )
+        least_squares = update == "least_squares"
+        r = opts["features_per_step"] or (_LS_FEATURES if least_squares else _GRADIENT_FEATURES)
+        m = min(opts["batch_size"] or (n if least_squares else _GRADIENT_BATCH), n)
+        if passes is None:
+            # least_squares: D = 20 min(n, 5000) features in all, one step per pass with m = n
+            # (docs/solvers/dsg.md, "Defaults"); gradient: the former fixed 10 passes.
+            passes = max(1, math.ceil(_LS_FEATURES_PER_POINT * min(n, _LS_POINTS_CAP) / r)) if least_squares else 10
         if previous is not None:
             if previous.features_per_step != r:
                 raise InvalidOptionError(
@@ -183,6 +260,7 @@ class DSGSolver:
             sched = dict(previous.schedule)
             n_seen = int(sched.get("n_seen", 0)) + n
             gamma_max = sched.get("gamma_max") if opts["gamma_max"] == "auto" else opts["gamma_max"]
+            shift = previous.shift
         else:
             seed = opts["seed"]
             if seed is None:
@@ -190,19 +268,26 @@ class DSGSolver:
             t_prev = 0
             n_seen = n
             gamma_max = None if opts["gamma_max"] == "auto" else opts["gamma_max"]
-        if gamma_max is None:
-            gamma_max = self._gamma_max(problem, sampler, m, r)
-        nu = opts["nu"] if opts["nu"] is not None else problem.noise / n_seen
-        theta = opts["theta"] if opts["theta"] is not None else 1.0 / nu
-        t0 = max(0.0, theta / gamma_max - 1.0) if opts["t0"] == "auto" else opts["t0"]
-        schedule = {"nu": nu, "theta": theta, "t0": t0, "gamma_max": gamma_max, "n_seen": n_seen}
-
+            # Centre the inputs: phases omega^T (x - mean) stay small (rounding, float32; checks.py).
+            shift = X.detach().to(torch.float64).mean(0) if n else None
         steps_per_pass = math.ceil(n / m)
         n_new = passes * steps_per_pass
         if opts["max_steps"] is not None:
             n_new = min(n_new, opts["max_steps"])
+        nu = opts["nu"] if opts["nu"] is not None else problem.noise / n_seen
+        fmap = RandomFeatureMap(problem.kernel, seed, r, t_prev + n_new, shift)
+        U = scaled_inputs_checked(fmap, sampler, X)
+        if least_squares:
+            rho = opts["ridge"] if opts["ridge"] is not None else nu * (t_prev + n_new)
+            schedule = {"update": update, "nu": nu, "ridge": rho, "n_seen": n_seen}
+            theta = t0 = 0.0
+        else:
+            if gamma_max is None:
+                gamma_max = self._gamma_max(problem, sampler, m, r)
+            theta = opts["theta"] if opts["theta"] is not None else 1.0 / nu
+            t0 = max(0.0, theta / gamma_max - 1.0) if opts["t0"] == "auto" else opts["t0"]
+            schedule = {"update": update, "nu": nu, "theta": theta, "t0": t0, "gamma_max": gamma_max, "n_seen": n_seen}
         report_every = opts["report_every"] or steps_per_pass
-        fmap = RandomFeatureMap(problem.kernel, seed, r, t_prev + n_new)
 
         # Coefficients a_i = S * C[i - 1]; S is the global product of the (1 - gamma_t nu) shrinks.
         C = torch.zeros(t_prev + n_new, r, k, dtype=X.dtype, device=X.device)
@@ -211,7 +296,9 @@ class DSGSolver:
         S = 1.0
 
         mode = opts["train_predictions"]
-        if mode == "auto":
+        if least_squares:
+            mode = "cache"  # the residual on the batch is needed at every step; f_t on X costs O(n k)
+        elif mode == "auto":
             cache_cost = n * (t_prev + n_new)
             recompute_cost = m * n_new * (t_prev + n_new / 2)
             mode = "cache" if cache_cost <= recompute_cost else "recompute"
@@ -221,13 +308,23 @@ class DSGSolver:
 
         amp = math.sqrt(2.0 * sampler.outputscale / r)
         d = X.shape[1]
-        U = sampler.scale_inputs(X)
         monitor = problem.monitor
         monitor.start(total=math.ceil(n_new / report_every), desc="dsg")
+        y_sq = float(Y.double().square().mean()) if Y.numel() else 0.0
+        if least_squares:
+            remedy = "pass float64 inputs or a larger 'ridge' option"
+        else:
+            remedy = "lower the option gamma_max or theta, or use update='least_squares' (the default)"
+        trace = LossTrace(y_sq, monotone=least_squares and m == n, remedy=remedy)
+        if F is not None and t_prev:
+            trace.initial = max(trace.initial, float((F.double() - Y.double()).square().mean()))
 
         def snapshot(t_done: int) -> RandomFeatureExpansion:
-            return RandomFeatureExpansion(problem.kernel, C[:t_done] * S, seed, schedule)
+            return RandomFeatureExpansion(problem.kernel, C[:t_done] * S, seed, schedule, shift)
 
+        n_reports = math.ceil(n_new / report_every)
+        mid_report = max(1, n_reports // 2)  # f on X is copied here for the convergence check
+        F_mid = None
         t = t_prev
         done = 0
         sq_sum, count = 0.0, 0
@@ -241,47 +338,73 @@ class DSGSolver:
                     t += 1
                     done += 1
                     idx = perm[start : start + m]
-                    gamma = theta / (t + t0)
                     z, b = fmap.frequencies(sampler, range(t, t + 1), d, X)
-                    if F is not None:
+                    if least_squares:
                         Phi_all = torch.addmm(b, U, z).cos_().mul_(amp)  # phi_t on every training point
-                        Phi_b = Phi_all[idx]
-                        f_b = F[idx] * S
-                    else:
-                        Phi_all = None
-                        Phi_b = torch.addmm(b, U[idx], z).cos_().mul_(amp)
-                        f_b = fmap.apply(X[idx], C[: t - 1]) * S if t > 1 else torch.zeros_like(Y[idx])
-                    resid = f_b - Y[idx]  # l'(f(x), y) = f(x) - y for l = (f - y)^2 / 2
-                    sq_sum += float(resid.square().sum())
-                    count += resid.numel()
-                    grad = Phi_b.T @ resid / idx.numel()  # r x k: the batch mean of l' phi_t(x_j)
-                    shrink = 1.0 - gamma * nu
-                    S *= shrink
-                    if S == 0.0 or abs(S) < 1e-8:  # fold the scale in (rare: S decays like (t0 / t)^(theta nu))
-                        C[: t - 1].mul_(S)
-                        if F is not None:
-                            F.mul_(S)
-                        S = 1.0
-                    C[t - 1] = grad * (-gamma / S)
-                    if F is not None:
+                        full = idx.numel() == n
+                        Phi_b = Phi_all if full else Phi_all[idx]
+                        resid = Y - F if full else Y[idx] - F[idx]
+                        a, _ = solve_block(Phi_b, resid, rho, opts["gram_rows"], problem.generator, t)
+                        C[t - 1] = a.to(C.dtype)
+                        trace.check_coefficients(C[t - 1], t)
                         F.addmm_(Phi_all, C[t - 1])
+                        gamma = 1.0
+                        if not full:
+                            sq_sum += float(resid.double().square().sum())
+                            count += resid.numel()
+                    else:
+                        gamma = theta / (t + t0)
+                        if F is not None:
+                            Phi_all = torch.addmm(b, U, z).cos_().mul_(amp)  # phi_t on every training point
+                            Phi_b = Phi_all[idx]
+                            f_b = F[idx] * S
+                        else:
+                            Phi_all = None
+                            Phi_b = torch.addmm(b, U[idx], z).cos_().mul_(amp)
+                            f_b = fmap.apply(X[idx], C[: t - 1]) * S if t > 1 else torch.zeros_like(Y[idx])
+                        resid = f_b - Y[idx]  # l'(f(x), y) = f(x) - y for l = (f - y)^2 / 2
+                        sq_sum += float(resid.double().square().sum())
+                        count += resid.numel()
+                        grad = Phi_b.T @ resid / idx.numel()  # r x k: the batch mean of l' phi_t(x_j)
+                        shrink = 1.0 - gamma * nu
+                        S *= shrink
+                        if S == 0.0 or abs(S) < 1e-8:  # fold the scale in (rare: S decays like (t0 / t)^(theta nu))
+                            C[: t - 1].mul_(S)
+                            if F is not None:
+                                F.mul_(S)
+                            S = 1.0
+                        C[t - 1] = grad * (-gamma / S)
+                        trace.check_coefficients(C[t - 1], t)
+                        if F is not None:
+                            F.addmm_(Phi_all, C[t - 1])
                     if done % report_every == 0 or done == n_new:
+                        if least_squares and m == n:
+                            loss = float((F.double() - Y.double()).square().mean())  # exact training loss
+                        else:
+                            loss = sq_sum / max(count, 1)  # running minibatch loss since the last report
+                        trace.add(loss, t)
+                        if F is not None and math.ceil(done / report_every) == mid_report:
+                            F_mid = F.double() * S
                         stopped = monitor.step(
                             math.ceil(done / report_every),
                             (lambda t_done=t: snapshot(t_done)) if monitor.wants_predictor else None,
                             step=t,
                             n_features=t * r,
                             gamma=gamma,
-                            train_mse=sq_sum / max(count, 1),
+                            train_mse=loss,
                         )
                         sq_sum, count = 0.0, 0
                         if stopped:
                             break
-        if t and not bool(torch.isfinite(C[:t]).all()):
-            warnings.warn(
-                "solver 'dsg': the coefficients overflowed (the step size is too large for this kernel and data); "
-                "lower the option gamma_max or theta",
-                RuntimeWarning,
-                stacklevel=2,
+        if not stopped:
+            moved = None
+            if least_squares and F_mid is not None:
+                # The movement of f on X; gradient runs keep the loss criterion, since their minibatch
+                # noise moves f by O(gamma) at every step even at the optimum.
+                F_end = F.double() * S
+                moved = float((F_end - F_mid).norm() / F_end.norm().clamp_min(1e-300))
+            more = " or features_per_step" if least_squares else " or use the default update"
+            schedule["moved"] = trace.finish(
+                what=f"the run of {done} steps ({t * r} features)", remedy="raise the option passes" + more, moved=moved
             )
-        return RandomFeatureExpansion(problem.kernel, C[:t] * S, seed, schedule)
+        return RandomFeatureExpansion(problem.kernel, C[:t] * S, seed, schedule, shift)

@@ -1,0 +1,176 @@
+"""Checks that keep ``dsg`` from returning a wrong answer silently.
+
+- :func:`scaled_inputs_checked`: the phases ``omega^T (x - c)`` of the random features must carry
+  some precision, else every feature is rounding noise (inputs scaled by 1e30 with a unit
+  lengthscale gave predictions of 1e5 for targets of size 3; issue 12).
+- :class:`LossTrace`: the training loss after every report, a :class:`kgp.DivergenceError` when it
+  becomes non-finite or grows, and a :class:`kgp.ConvergenceWarning` when the run ends while the
+  loss is still falling fast (criterion and its measurements in docs/solvers/dsg.md).
+
+Messages go through :func:`kgp.diagnostics.diverged` / :func:`kgp.diagnostics.warn_not_converged`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from kgp.diagnostics import diverged, warn_not_converged
+
+from .features import RandomFeatureMap
+from .spectra import SpectralSampler
+
+__all__ = ["CONVERGENCE_TOL", "MOVE_TOL", "PHASE_TOL", "LossTrace", "scaled_inputs_checked"]
+
+_SOLVER = "dsg"
+
+# Largest accepted rounding error of a typical phase omega^T u, in radians. Beyond ~0.1 rad the
+# cosines of train and predict time (different blockings, so different roundings) disagree and
+# the kernel estimate is noise. float64: inputs spanning up to ~5e13 lengthscales; float32: ~8e4.
+PHASE_TOL = 0.1
+
+# Gradient runs (no movement check): "far from converged" when the running training loss fell by
+# more than this fraction of its final value over the second half of the run, i.e. at least halved.
+# The conformance runs (100 passes, 3.8% from exact KRR) fall by 41-63%; the rounded-input run of
+# issue 12 (50 passes, R^2 -6.5) by 103% (docs/solvers/dsg.md, "Convergence check").
+CONVERGENCE_TOL = 1.0
+
+# least_squares: "far from converged" when the fitted function on the training points still moved
+# by more than this fraction of its norm over the second half of the run. Measured
+# (docs/solvers/dsg.md): 0.006-0.13 with the defaults on the UCI sets measured (protein 0.128,
+# skillcraft 0.076, the noisiest); 0.25-0.47 for truncated runs (energy, 4-8 passes of 16-32 features).
+MOVE_TOL = 0.15
+
+
+def scaled_inputs_checked(fmap: RandomFeatureMap, sampler: SpectralSampler, X: Tensor, what: str = "X") -> Tensor:
+    """``(X - shift) / lengthscale`` after checking that the phases of the features keep their precision.
+
+    The phase of a feature is ``z^T u`` with ``z ~ N(0, I)`` (RBF; heavier tails for Matern), so its
+    size is about ``||u||`` and its rounding error about ``||u|| eps``. The check uses the largest
+    ``||u||`` (after the shift) times 4 (a 4-sigma phase) times the dtype's epsilon.
+
+    Raises
+    ------
+    ValueError
+        If ``X / lengthscale`` overflows, or its phases would carry a rounding error above
+        :data:`PHASE_TOL` radians; the message names the spread in lengthscales and the remedy.
+    """
+    U = fmap.scaled_inputs(X, sampler)
+    if not bool(torch.isfinite(U).all()):
+        raise ValueError(
+            f"solver 'dsg': {what} / lengthscale overflows {X.dtype} (inputs up to "
+            f"{float(X.abs().max().double()):.3g}); rescale {what} (e.g. standardise it) or use a larger lengthscale"
+        )
+    spread = float(U.double().norm(dim=1).max()) if U.numel() else 0.0
+    error = 4.0 * spread * torch.finfo(U.dtype).eps
+    if error > PHASE_TOL:
+        raise ValueError(
+            f"solver 'dsg': {what} spans {spread:.3g} kernel lengthscales from its mean; the random-feature "
+            f"phases omega^T x would carry rounding errors of ~{error:.3g} rad in {X.dtype}, so every feature "
+            f"would be noise (the kernel itself is ~0 between points this far apart). Rescale {what} (e.g. "
+            "standardise it) or set a lengthscale on the scale of the inputs"
+            + ("; or pass float64 inputs" if U.dtype != torch.float64 else "")
+        )
+    return U
+
+
+class LossTrace:
+    """Training loss after every report: divergence errors and the end-of-run convergence warning.
+
+    Parameters
+    ----------
+    initial:
+        Mean squared target (the loss of f = 0 on the data the run sees), > 0.
+    monotone:
+        True for the ``least_squares`` update on all points, whose exact loss can only fall
+        (each step is a ridge least-squares fit of the residual): any growth beyond rounding is a
+        numerical failure. False for minibatch losses, which fluctuate.
+    remedy:
+        What to change when the run diverges (depends on the update rule).
+    """
+
+    def __init__(self, initial: float, *, monotone: bool, remedy: str):
+        self.initial = float(initial)
+        self.monotone = monotone
+        self.remedy = remedy
+        self.losses: list[float] = []
+        self.best = math.inf
+
+    def check_coefficients(self, block: Tensor, step: int) -> None:
+        """Raise :class:`kgp.DivergenceError` if step ``step``'s coefficients are not finite."""
+        if not bool(torch.isfinite(block).all()):
+            raise diverged(
+                _SOLVER,
+                f"the coefficients of step {step} are not finite",
+                cause="overflow in the update (a step too large for this kernel and data, or inputs/targets "
+                "far outside float range)",
+                remedy=self.remedy,
+            )
+
+    def add(self, loss: float, step: int) -> None:
+        """Record the loss at step ``step``; raise :class:`kgp.DivergenceError` if it is not finite or grows.
+
+        Growth means: above 1.5 x the best loss so far for the monotone least-squares update (it
+        cannot grow in exact arithmetic; rounding moves it by ~1e-6 relative in float32); above
+        both 10 x the best and the loss of f = 0 for minibatch losses (a working run stays below
+        the loss of predicting zero; a diverging one grows geometrically past any such bound).
+        """
+        if not math.isfinite(loss):
+            raise diverged(
+                _SOLVER,
+                f"the training loss is {loss} at step {step}",
+                cause="overflow in the update",
+                remedy=self.remedy,
+            )
+        grown = loss > 1.5 * self.best if self.monotone else loss > 10.0 * self.best and loss > self.initial
+        if grown:
+            raise diverged(
+                _SOLVER,
+                f"the training loss grew from {self.best:.4g} to {loss:.4g} by step {step} (loss of f = 0: "
+                f"{self.initial:.4g})",
+                cause="the iteration is unstable for this kernel and data",
+                remedy=self.remedy,
+            )
+        self.losses.append(loss)
+        self.best = min(self.best, loss)
+
+    def finish(self, *, what: str, remedy: str, moved: float | None = None) -> float | None:
+        """Warn (:class:`kgp.ConvergenceWarning`) if the run ends far from converged; return the measure.
+
+        With ``moved`` (the solver's ``||f_end - f_mid|| / ||f_end||`` on the training points over
+        the second half of the run) the measure is that relative movement of the fitted function:
+        a run that still moves its predictions by more than :data:`MOVE_TOL` of their size is far
+        from its limit. Without it (no cache of f on X), the measure is the fall of the training loss
+        over the second half of the reports, ``(L_mid - L_end) / L_end``, against
+        :data:`CONVERGENCE_TOL`. The training loss alone is a poor guide when the noise is small (it
+        keeps falling towards interpolation long after the test error has settled), hence the
+        function movement first. None when fewer than 4 reports exist.
+        """
+        if len(self.losses) < 4:
+            return None
+        if moved is not None:
+            measure, tol = float(moved), MOVE_TOL
+            observed = (
+                f"{what} ended while the fitted function was still moving: it changed by {100 * measure:.1f}% "
+                f"(relative, on the training points) over the second half of the run (converged runs: < "
+                f"{100 * tol:.0f}%)"
+            )
+        else:
+            end = self.losses[-1]
+            mid = self.losses[(len(self.losses) - 1) // 2]
+            measure, tol = (mid - end) / max(end, 1e-300 * max(mid, 1.0)), CONVERGENCE_TOL
+            observed = (
+                f"{what} ended while the training loss was still falling fast: it fell by {100 * measure:.0f}% of "
+                f"its final value ({end:.4g}) over the second half of the run (converged runs: < {100 * tol:.0f}%)"
+            )
+        if not math.isfinite(measure) or measure > tol:
+            warn_not_converged(
+                _SOLVER,
+                observed,
+                cause="too few passes / features for this kernel and data",
+                remedy=remedy,
+                stacklevel=4,
+            )
+        return measure
