@@ -90,10 +90,10 @@ def _solve_in_place(A: Tensor, y: Tensor, *, noise: float) -> Tensor:
         # if scipy could not use the buffer it would copy (2x peak), never give a wrong answer
         factor, info = potrf(fortran, lower=0, overwrite_a=1, clean=0)
         if info == 0:
-            solution, info_solve = potrs(factor, y.numpy(), lower=0)
+            solution, info_solve = potrs(factor, y.detach().numpy(), lower=0)
             if info_solve != 0:
                 raise ValueError(f"solver 'exact': LAPACK ?potrs failed with info={info_solve}")
-            alpha = torch.from_numpy(solution).to(y.dtype).reshape(y.shape)
+            alpha = torch.from_numpy(solution).to(y.dtype).reshape(y.shape).contiguous()  # LAPACK's is Fortran-ordered
     else:
         info_t = torch.empty((), dtype=torch.int32, device=A.device)
         torch.linalg.cholesky_ex(A, out=(A, info_t))
