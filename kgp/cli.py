@@ -53,6 +53,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="center-selector option (repeatable; see `kgp plugins --options NAME`)",
     )
+    fit.add_argument("--learn", default=None, help="learn the hyperparameters first with this objective (sgpr, exact)")
+    fit.add_argument(
+        "--learn-option", action="append", default=[], metavar="KEY=VALUE", help="learning option (repeatable)"
+    )
+    fit.add_argument("--ard", action="store_true", help="one lengthscale per feature (shortcut kernels)")
+    fit.add_argument("--normalize-y", action="store_true", help="centre and scale the targets during the fit")
     fit.add_argument("--dtype", default="float64", choices=["float32", "float64"])
     fit.add_argument("--seed", type=int, default=0)
     fit.add_argument("--classify", action="store_true", help="fit a KernelClassifier instead of a regressor")
@@ -213,6 +219,10 @@ def _cmd_fit(args) -> int:
         dtype=args.dtype,
         random_state=args.seed,
         progress=args.progress,
+        learn=args.learn,
+        learn_options=_parse_options(args.learn_option, "--learn-option") or None,
+        ard=args.ard,
+        normalize_y=args.normalize_y,
     )
     model.fit(X, y)
     model.save(args.out)

@@ -123,7 +123,10 @@ def test_exact_subset_is_the_exact_likelihood_of_the_drawn_rows():
 def test_exact_refuses_more_rows_than_the_exact_size_limit():
     X, y = _data()
     problem = LearningProblem(X, y[:, None], _kernel("rbf_ard"))
-    with settings.max_exact_size(100), pytest.raises(ValueError, match=r"n=300 exceeds kgp.settings.max_exact_size=100"):
+    with (
+        settings.max_exact_size(100),
+        pytest.raises(ValueError, match=r"n=300 exceeds kgp.settings.max_exact_size=100"),
+    ):
         get_objective("exact").prepare(problem)
     problem.options = {"subset": 100}
     with settings.max_exact_size(100):

@@ -32,7 +32,11 @@ from .problem import LearningProblem
 __all__ = ["LEARN_OPTIONS", "LearnResult", "learn_hyperparameters"]
 
 LEARN_OPTIONS: dict[str, Option] = {
-    "iterations": Option.integer(100, minimum=1, help="optimiser steps (L-BFGS: outer steps, each with a line search)"),
+    "iterations": Option.integer(
+        100,
+        minimum=1,
+        help="objective evaluations: Adam steps, or the L-BFGS budget of evaluations (line searches included)",
+    ),
     "lr": Option.number(
         None, minimum=0.0, exclusive_minimum=True, allow_none=True, help="step size; None: 0.1 for Adam, 1 for L-BFGS"
     ),
@@ -61,7 +65,8 @@ class LearnResult:
     mean:
         Learned constant mean, one value per output (shape ``(k,)``).
     history:
-        Minimised value (objective per point minus priors / n) before each step.
+        Minimised value (objective per point minus priors / n) at each evaluation: before each Adam
+        update; at each function evaluation of L-BFGS (its line search included).
     options:
         The merged options (loop's and objective's).
     """
@@ -192,31 +197,41 @@ def learn_hyperparameters(
 
         optimizer = loop["optimizer"]
         lr = loop["lr"] if loop["lr"] is not None else _DEFAULT_LR[optimizer]
-        if optimizer == "adam":
-            opt = torch.optim.Adam(trained, lr=lr)
-        else:
-            opt = torch.optim.LBFGS(trained, lr=lr, max_iter=1, line_search_fn="strong_wolfe")
-        monitor.start(total=loop["iterations"], desc=f"learn {objective}")
-        for step in range(1, loop["iterations"] + 1):
-            seen: list[float] = []
+        iterations = loop["iterations"]
+        monitor.start(total=iterations, desc=f"learn {objective}")
 
-            def closure() -> Tensor:
-                opt.zero_grad()
-                value = total()
-                _check_finite(value, objective, step, kernel, constraint.transform(raw_noise), mean_t)
-                value.backward()
-                seen.append(float(value.detach()))
-                return value
+        def evaluate() -> Tensor:
+            # one objective evaluation with its gradient = one reported step (Adam: one per update;
+            # L-BFGS: each evaluation of its line search)
+            opt.zero_grad()
+            step = len(history) + 1
+            value = total()
+            _check_finite(value, objective, step, kernel, constraint.transform(raw_noise), mean_t)
+            value.backward()
+            history.append(float(value.detach()))
+            noise_now = float(constraint.transform(raw_noise).detach())
+            if monitor.step(step, None, stage="learn", objective=history[-1], noise=noise_now):
+                raise _Stop
+            return value
 
-            opt.step(closure)
-            history.append(seen[0])
-            stop = monitor.step(
-                step, None, stage="learn", objective=seen[0], noise=float(constraint.transform(raw_noise).detach())
-            )
-            if stop:
-                break
-        final = total().detach()
-        _check_finite(final, objective, len(history) + 1, kernel, constraint.transform(raw_noise), mean_t)
+        try:
+            if optimizer == "adam":
+                opt = torch.optim.Adam(trained, lr=lr)
+                for _ in range(iterations):
+                    evaluate()
+                    opt.step()
+            else:
+                # one L-BFGS run: its own iteration and evaluation counts bound the work
+                opt = torch.optim.LBFGS(
+                    trained, lr=lr, max_iter=iterations, max_eval=iterations, line_search_fn="strong_wolfe"
+                )
+                opt.step(evaluate)
+        except _Stop:
+            pass  # the user's callback asked to stop; keep the current values
+    if not all(bool(torch.isfinite(t).all()) for t in trained):
+        _check_finite(
+            torch.tensor(float("nan")), objective, len(history) + 1, kernel, constraint.transform(raw_noise), mean_t
+        )
     for p in params:
         p.grad = None
     return LearnResult(
@@ -226,6 +241,10 @@ def learn_hyperparameters(
         history=history,
         options={**loop, **obj_options},
     )
+
+
+class _Stop(Exception):
+    """The monitor's callback returned True."""
 
 
 def hyperparameter_values(kernel: gpytorch.kernels.Kernel) -> dict[str, list[float] | float]:
@@ -243,10 +262,11 @@ def _check_finite(value: Tensor, objective: str, step: int, kernel, noise: Tenso
         return
     hypers = ", ".join(f"{k}={_fmt(v)}" for k, v in hyperparameter_values(kernel).items())
     raise DivergenceError(
-        f"learn {objective!r}: the objective is {float(value)} at step {step}; hyperparameters: {hypers}, "
-        f"noise={float(noise):.6g}, mean={_fmt(mean.detach().reshape(-1).tolist())}; likely cause: a step size "
-        "too large for the data's scale, or a noise variance too small for the kernel matrix to be positive "
-        "definite; remedy: lower learn_options['lr'], raise learn_options['min_noise'], or use normalize_y=True"
+        f"learn {objective!r}: the objective is {float(value.detach())} at step {step}; hyperparameters: {hypers}, "
+        f"noise={float(noise.detach()):.6g}, mean={_fmt(mean.detach().reshape(-1).tolist())}; "
+        "likely cause: a step size too large for the data's scale, or a noise variance too small for the kernel "
+        "matrix to be positive definite; remedy: lower learn_options['lr'], raise learn_options['min_noise'], "
+        "or use normalize_y=True"
     )
 
 
@@ -254,5 +274,3 @@ def _fmt(value: Any) -> str:
     if isinstance(value, list):
         return "[" + ", ".join(f"{v:.6g}" for v in value) + "]"
     return f"{value:.6g}"
-
-
