@@ -285,7 +285,7 @@ def _print_options(name: str) -> int:
     from kgp.registry import UnknownPluginError, registry
 
     found = []
-    for kind in ("solver", "selector"):
+    for kind in ("solver", "selector", "objective"):
         try:
             found.append((kind, registry.get(kind, name).obj))
         except UnknownPluginError:
@@ -298,7 +298,9 @@ def _print_options(name: str) -> int:
         )
     for kind, obj in found:
         rows = describe_options(getattr(obj, "option_defaults", {}))
-        how = "--option KEY=VALUE" if kind == "solver" else "--selector-option KEY=VALUE"
+        how = {"solver": "--option", "selector": "--selector-option", "objective": "--learn-option"}[
+            kind
+        ] + " KEY=VALUE"
         print(f"{kind} {name!r}: {len(rows)} option(s), set with {how}")
         table = [("option", "default", "accepts", "help"), *rows]
         widths = [max(len(r[c]) for r in table) for c in range(3)]

@@ -49,7 +49,7 @@ def test_from_gpytorch_reproduces_the_posterior_mean_and_variance(mean):
     assert torch.allclose(got_mean, reference.mean, rtol=1e-6, atol=1e-6 * scale)
     assert torch.allclose(got_std.square(), reference.variance, rtol=1e-6, atol=1e-10)
     if mean == "constant":
-        assert abs(float(regressor.mean_[0]) - float(model.mean_module.constant)) < 1e-12
+        assert abs(float(regressor.mean_[0]) - float(model.mean_module.constant.detach())) < 1e-12
     # the kernel is a copy: the GPyTorch model is untouched
     assert regressor.kernel_ is not model.covar_module
 
