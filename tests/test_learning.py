@@ -255,3 +255,12 @@ def test_learned_kernel_drops_into_a_gpytorch_model():
     Xq = X[:30] + 0.05
     with torch.no_grad():
         assert torch.allclose(gp(Xq).mean, model.predict(Xq), rtol=1e-8, atol=1e-10)
+
+
+def test_classifier_learns_on_its_encoded_targets():
+    gen = torch.Generator().manual_seed(9)
+    X = torch.rand(200, 2, generator=gen, dtype=torch.float64) * 4 - 2
+    labels = np.where((X[:, 0] ** 2 + X[:, 1] ** 2).numpy() < 1.5, "in", "out")
+    clf = kgp.KernelClassifier("rbf", learn="exact", learn_options={"iterations": 20}).fit(X, labels)
+    assert len(clf.learn_history_) == 20 and clf.learn_history_[-1] < clf.learn_history_[0]
+    assert clf.score(X, labels) > 0.95
