@@ -46,7 +46,7 @@ def test_exact_learning_recovers_known_ard_lengthscales():
     learned = model.kernel_.base_kernel.lengthscale.detach().reshape(-1)
     error = (learned / torch.tensor(TRUE_LENGTHSCALES, dtype=torch.float64) - 1).abs()
     assert bool((error < 0.10).all()), learned  # measured: at most 5.0 % (seeds 0-2: 5.0, 1.6, 1.2 %)
-    assert abs(model.noise_ - 0.01) < 0.003 and abs(float(model.kernel_.outputscale) - 1.0) < 0.2
+    assert abs(model.noise_ - 0.01) < 0.003 and abs(float(model.kernel_.outputscale.detach()) - 1.0) < 0.2
 
 
 def test_adam_and_lbfgs_reach_the_same_optimum_and_history_decreases():

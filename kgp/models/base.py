@@ -285,7 +285,7 @@ class BaseKernelModel:
                 monitor.close()  # the solver's stage starts its own bar
                 noise, mean, learn_history = learned.noise, learned.mean, learned.history
                 shift["mean"] = mean
-                kernel = _frozen(kernel)
+                kernel = _without_grads(kernel)
             solver_centers = centers if setup.solver.uses_centers else None
             problem = self._problem(setup, Xt, Y - mean, kernel, solver_centers, seed + 1, monitor, noise=noise)
             with _gradients(setup.solver):
@@ -638,7 +638,7 @@ def _as_vector(value: Any, like: Tensor, fill: float) -> Tensor:
     return torch.as_tensor(value).to(dtype=like.dtype, device=like.device).reshape(-1).clone()
 
 
-def _frozen(kernel: gpytorch.kernels.Kernel) -> gpytorch.kernels.Kernel:
+def _without_grads(kernel: gpytorch.kernels.Kernel) -> gpytorch.kernels.Kernel:
     """The learned kernel, detached from the optimiser's graph (its parameters keep ``requires_grad``)."""
     for p in kernel.parameters():
         p.grad = None

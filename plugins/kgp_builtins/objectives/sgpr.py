@@ -16,6 +16,10 @@ streamed in row blocks: O(n M^2) time, no n x M storage), then M x M algebra (O(
 
 This equals GPyTorch's SGPR (``InducingPointKernel`` + ``ExactMarginalLogLikelihood``) with the
 same inducing points, up to the sign and the division by n.
+
+Option ``batch_rows`` (for n beyond ~1e6): each evaluation draws that many rows afresh from
+``problem.generator`` and scales the row sums ``A``, ``b``, ``r^T r`` and ``tr K_nn`` by n / batch
+(unbiased estimates); the bound is then a stochastic estimate, for Adam.
 """
 
 from __future__ import annotations
@@ -36,22 +40,38 @@ from .gram import gram_products
 class SGPRObjective:
     """Titsias' collapsed SGPR bound on the model's centers (negated, per data point)."""
 
-    option_defaults: dict[str, kgp.Option] = {}
+    option_defaults = {
+        "batch_rows": kgp.Option.integer(
+            None,
+            minimum=1,
+            allow_none=True,
+            help="rows drawn afresh per evaluation (stochastic bound, for Adam at n >> 1e6); None: all rows",
+        ),
+    }
     uses_centers = True
 
     def prepare(self, problem: LearningProblem) -> Callable[[Tensor, Tensor], Tensor]:
-        kgp.merge_options("objective 'sgpr'", self.option_defaults, problem.options)
-        X, Y = problem.X, problem.y
+        options = kgp.merge_options("objective 'sgpr'", self.option_defaults, problem.options)
+        X_all, Y_all = problem.X, problem.y
         if problem.centers is None:
             raise ValueError("objective 'sgpr' needs centers (inducing points)")
         Z = problem.centers.points.detach()
-        n, k = Y.shape
+        n, k = Y_all.shape
         m = Z.shape[0]
-        eye = torch.eye(m, dtype=X.dtype, device=X.device)
+        eye = torch.eye(m, dtype=X_all.dtype, device=X_all.device)
+        batch = options["batch_rows"]
+        batch = None if batch is None or batch >= n else batch
 
         def loss(noise: Tensor, mean: Tensor) -> Tensor:
+            X, Y, scale = X_all, Y_all, 1.0
+            if batch is not None:
+                # the n-row sums (A, b, r^T r, tr K) estimated without bias from a fresh row sample;
+                # the bound itself is then a (slightly biased) stochastic estimate: use Adam, not L-BFGS
+                rows = torch.randperm(n, generator=problem.generator)[:batch].to(X_all.device)
+                X, Y, scale = X_all[rows], Y_all[rows], n / batch
             R = Y - mean
             A, b = gram_products(problem.kernel, X, Z, R)
+            A, b = A * scale, b * scale
             kmm = problem.kernel_operator(Z).to_dense()
             L = psd_cholesky(
                 kmm,
@@ -69,9 +89,9 @@ class SGPRObjective:
                 remedy="raise learn_options['min_noise'] or use float64",
             )
             c = torch.linalg.solve_triangular(LB, torch.linalg.solve_triangular(L, b, upper=False), upper=False) / noise
-            diag_sum = problem.kernel_operator(X).diagonal().sum()
+            diag_sum = problem.kernel_operator(X).diagonal().sum() * scale
             logdet = n * torch.log(noise) + 2.0 * torch.log(LB.diagonal()).sum()
-            quad = R.square().sum() / noise - c.square().sum()
+            quad = R.square().sum() * scale / noise - c.square().sum()
             trace = (diag_sum - W.diagonal().sum()) / noise
             nll = 0.5 * (quad + k * (logdet + n * math.log(2 * math.pi) + trace))
             return nll / (n * k)
