@@ -14,6 +14,7 @@ from . import settings
 from ._version import __version__
 from .diagnostics import ConvergenceWarning, DivergenceError, IllConditionedError, NotFittedError
 from .hookspecs import hookimpl
+from .interop import from_gpytorch
 from .models import KernelClassifier, KernelRegressor, ModelFileError, load
 from .monitor import IterationInfo, Monitor
 from .operators import KernelOperator, kernel_operator
@@ -40,6 +41,7 @@ __all__ = [
     "SelectionRequest",
     "__version__",
     "default_n_centers",
+    "from_gpytorch",
     "get_selector",
     "get_solver",
     "hookimpl",

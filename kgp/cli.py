@@ -85,6 +85,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="center-selector option (repeatable; see `kgp plugins --options NAME`)",
     )
+    fit.add_argument("--learn", default=None, help="learn the hyperparameters first with this objective (sgpr, exact)")
+    fit.add_argument(
+        "--learn-option", action="append", default=[], metavar="KEY=VALUE", help="learning option (repeatable)"
+    )
+    fit.add_argument("--ard", action="store_true", help="one lengthscale per feature (shortcut kernels)")
+    fit.add_argument("--normalize-y", action="store_true", help="centre and scale the targets during the fit")
     fit.add_argument("--dtype", default="float64", choices=["float32", "float64"], help="floating-point precision")
     fit.add_argument("--device", default=None, help="torch device to fit on, e.g. cuda or cuda:1 (None: CPU)")
     fit.add_argument("--seed", type=int, default=0, help="random seed (center selection, stochastic solvers)")
@@ -223,6 +229,10 @@ def _cmd_fit(args) -> int:
         dtype=args.dtype,
         random_state=args.seed,
         progress=args.progress,
+        learn=args.learn,
+        learn_options=_parse_options(args.learn_option, "--learn-option") or None,
+        ard=args.ard,
+        normalize_y=args.normalize_y,
     )
     model.fit(X, data.y)
     try:
@@ -305,7 +315,7 @@ def _print_options(name: str) -> int:
     from kgp.registry import UnknownPluginError, registry
 
     found = []
-    for kind in ("solver", "selector"):
+    for kind in ("solver", "selector", "objective"):
         try:
             found.append((kind, registry.get(kind, name).obj))
         except UnknownPluginError:
@@ -318,7 +328,9 @@ def _print_options(name: str) -> int:
         )
     for kind, obj in found:
         rows = describe_options(getattr(obj, "option_defaults", {}))
-        how = "--option KEY=VALUE" if kind == "solver" else "--selector-option KEY=VALUE"
+        how = {"solver": "--option", "selector": "--selector-option", "objective": "--learn-option"}[
+            kind
+        ] + " KEY=VALUE"
         print(f"{kind} {name!r}: {len(rows)} option(s), set with {how}")
         table = [("option", "default", "accepts", "help"), *rows]
         widths = [max(len(r[c]) for r in table) for c in range(3)]

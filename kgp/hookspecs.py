@@ -79,3 +79,31 @@ def register_predictors(register) -> None:
     (see :class:`kgp.plugin.Predictor`). The core registers ``kernel_expansion``; a solver whose
     result has another form (e.g. a random-feature expansion) registers its own kind.
     """
+
+
+@hookspec
+def register_objectives(register) -> None:
+    """Register hyperparameter objectives by name (what ``KernelRegressor(learn=NAME)`` minimises).
+
+    Call ``register(name, objective)`` for each objective. ``objective`` must provide:
+
+    - ``option_defaults``: mapping of every option it accepts to a default or a :class:`kgp.Option`
+      (the user passes them in ``learn_options`` next to the loop's own options; unknown names are
+      rejected before any work);
+    - ``uses_centers``: whether it needs ``problem.centers`` (the model selects them with the
+      center selector, or takes the explicit ``centers``);
+    - ``prepare(problem) -> loss``: called once per learning run with a
+      :class:`kgp.learning.LearningProblem` (training data, a kernel whose GPyTorch parameters
+      are being trained, optional centers with weights, a seeded generator, the merged options).
+      Draw anything random (e.g. a subset of rows) here, from ``problem.generator``. It returns a
+      function ``loss(noise, mean) -> Tensor``: ``noise`` is the current noise variance sigma^2
+      (a 0-d tensor), ``mean`` the current constant mean (one value per output); ``loss`` returns a
+      differentiable 0-d tensor **to minimise, per data point** (e.g. the negative log marginal
+      likelihood divided by the number of points and outputs it was computed on), reading the
+      kernel's current hyperparameters from ``problem.kernel``. kgp owns the optimisation loop
+      (torch.optim over the kernel's raw parameters, the raw noise and the mean), adds the kernel's
+      GPyTorch priors, and stops with an error on a NaN or infinite value.
+
+    Every kernel product should go through ``problem.kernel_operator`` (or :func:`kgp.kernel_operator`
+    on row blocks), never n x n, and n x M only within ``kgp.settings.memory_budget``.
+    """

@@ -49,6 +49,7 @@ __all__ = [
     "PluginInfo",
     "PluginLoadError",
     "UnknownPluginError",
+    "get_objective",
     "get_predictor_class",
     "get_selector",
     "get_solver",
@@ -60,7 +61,7 @@ __all__ = [
 
 ENTRY_POINT_GROUP = "kgp"
 OWN_DISTRIBUTION = "kgp"
-KINDS = ("solver", "selector", "predictor")
+KINDS = ("solver", "selector", "predictor", "objective")
 HOOK_NAMES: tuple[str, ...] = tuple(f"register_{kind}s" for kind in KINDS)
 """Every hook a plugin may implement (the specs of :mod:`kgp.hookspecs`), in :data:`KINDS` order."""
 
@@ -634,6 +635,11 @@ def get_selector(name: str):
 def get_predictor_class(kind: str):
     """Return the predictor class registered for ``kind`` (used by :func:`kgp.load`)."""
     return registry.get("predictor", kind).obj
+
+
+def get_objective(name: str):
+    """Return the hyperparameter objective registered under ``name`` (error lists the available ones)."""
+    return registry.get("objective", name).obj
 
 
 def register(plugin: ModuleType | object, name: str | None = None) -> str:

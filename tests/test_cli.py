@@ -51,6 +51,32 @@ def test_fit_npz_classifier(tmp_path, capsys):
     assert "training accuracy" in capsys.readouterr().out
 
 
+def test_fit_learns_hyperparameters(tmp_path, capsys):
+    import kgp
+
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-2, 2, size=(200, 2))
+    y = 5 * np.sin(3 * X[:, 0]) + 0.1 * rng.standard_normal(200) + 20
+    np.savez(tmp_path / "d.npz", X=X, y=y)
+    args = ["fit", "--data", str(tmp_path / "d.npz"), "--solver", "falkon", "--n-centers", "40", "--learn", "sgpr"]
+    args += [
+        "--learn-option",
+        "iterations=15",
+        "--ard",
+        "--normalize-y",
+        "--noise",
+        "0.1",
+        "--out",
+        str(tmp_path / "m"),
+    ]
+    assert main(args) == 0
+    model = kgp.load(tmp_path / "m")
+    assert model.learn == "sgpr" and len(model.learn_history_) == 15 and model.normalize_y
+    lengthscales = model.kernel_.base_kernel.lengthscale.detach().reshape(-1)
+    assert lengthscales.shape == (2,) and lengthscales[0] < lengthscales[1]  # y varies along x0 only
+    assert model.score(X, y) > 0.95
+
+
 def test_cli_errors_are_clear(tmp_path, capsys):
     np.savez(tmp_path / "d.npz", X=np.zeros((5, 2)), y=np.zeros(5))
     assert main(["fit", "--data", str(tmp_path / "d.npz"), "--solver", "nope", "--out", str(tmp_path / "m.pt")]) == 1
@@ -64,9 +90,10 @@ def test_cli_errors_are_clear(tmp_path, capsys):
 def test_plugins_lists_builtins_with_distribution():
     out = subprocess.run([sys.executable, "-m", "kgp", "plugins"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    rows = {line.split()[0]: line.split() for line in out.stdout.splitlines()[1:] if line.strip()}
-    assert rows["exact"][1:4] == ["solver", "exact", "kgp"]
-    assert rows["uniform"][1] == "selector"
+    rows = {tuple(line.split()[:2]): line.split() for line in out.stdout.splitlines()[1:] if line.strip()}
+    assert rows[("exact", "solver")][2:4] == ["exact", "kgp"]
+    assert ("uniform", "selector") in rows
+    assert rows[("exact", "objective")][2:4] == ["objectives", "kgp"]  # a name is unique per kind only
 
 
 @pytest.mark.slow

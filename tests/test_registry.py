@@ -109,8 +109,8 @@ def test_runtime_plugin_with_a_misspelt_hook_is_refused_with_the_closest_hook():
         kgp.register(_misspelt_plugin("misspelt_plugin"))
     assert str(info.value) == (
         "kgp plugin 'misspelt_plugin' implements hook 'register_selector' (did you mean 'register_selectors'?), "
-        "which kgp does not define (kgp's hooks: register_solvers, register_selectors, register_predictors) "
-        "and was not registered"
+        "which kgp does not define (kgp's hooks: register_solvers, register_selectors, register_predictors, "
+        "register_objectives) and was not registered"
     )
     assert info.value.failure.stage == "unknown-hook" and info.value.__cause__ is None
     # nothing kept: neither its valid hook's names nor its plugin name

@@ -13,7 +13,7 @@ import copy
 import inspect
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import gpytorch
@@ -26,10 +26,13 @@ from .. import io
 from ..diagnostics import ill_conditioned, not_fitted
 from ..kernels import KERNEL_SHORTCUTS, make_kernel
 from ..kernels.serialize import kernel_from_spec, kernel_to_spec
+from ..learning import learn_hyperparameters
+from ..learning.loop import split_learn_options
 from ..monitor import IterationInfo, Monitor
 from ..plugin import Centers, Problem, SelectionRequest, merge_options
-from ..registry import UnknownPluginError, get_predictor_class, get_selector, get_solver
+from ..registry import UnknownPluginError, get_objective, get_predictor_class, get_selector, get_solver
 from ..validation import check_n_centers, check_positive, resolve_dtype, to_tensor
+from ..variance import VarianceFactors, exact_factors, latent_variance, nystrom_factors
 from .sklearn_compat import SklearnProtocol, feature_names_of
 
 __all__ = ["BaseKernelModel"]
@@ -39,6 +42,8 @@ DEFAULT_SELECTOR = "uniform"
 
 # constructor parameters stored in model files as plain values (the others are objects or derived)
 _PLAIN_PARAMS = ("lengthscale", "noise", "solver", "n_centers", "solver_options", "selector_options", "random_state")
+# hyperparameter-learning parameters (issue 13), stored the same way
+_LEARN_PARAMS = ("learn", "learn_options", "ard", "normalize_y")
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,13 @@ class _FitSetup:
     selector_options: dict[str, Any]
     dtype: torch.dtype | None
     device: torch.device | None
+    objective: Any = None  # the learn objective plugin, None: hyperparameters fixed
+    learn_options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def needs_centers(self) -> bool:
+        """Whether the solver or the learning objective works on centers."""
+        return bool(self.solver.uses_centers or getattr(self.objective, "uses_centers", False))
 
 
 def _get_plugin(getter: Callable[[str], Any], name: str, default: str, argument: str, kind: str) -> Any:
@@ -96,6 +108,10 @@ class BaseKernelModel(SklearnProtocol):
         random_state: int | None = None,
         callback: Callable[[IterationInfo], bool | None] | None = None,
         progress: bool = False,
+        learn: str | None = None,
+        learn_options: dict | None = None,
+        ard: bool = False,
+        normalize_y: bool = False,
     ):
         self.kernel = kernel
         self.lengthscale = lengthscale
@@ -110,6 +126,10 @@ class BaseKernelModel(SklearnProtocol):
         self.random_state = random_state
         self.callback = callback
         self.progress = progress
+        self.learn = learn
+        self.learn_options = learn_options
+        self.ard = ard
+        self.normalize_y = normalize_y
 
     # ------------------------------------------------------------------ sklearn protocol
     @classmethod
@@ -167,8 +187,9 @@ class BaseKernelModel(SklearnProtocol):
         device = _check_device(self.device)
         solver = _get_plugin(get_solver, self.solver, DEFAULT_SOLVER, "solver=<name>", "solver")
         solver_options = merge_options(f"solver {self.solver!r}", solver.option_defaults, self.solver_options)
+        objective, learn_options = self._validate_learning()
         selector_name, selector, selector_options = None, None, {}
-        if not solver.uses_centers:
+        if not (solver.uses_centers or getattr(objective, "uses_centers", False)):
             if self.centers is not None or self.n_centers is not None:
                 raise ValueError(
                     f"solver {self.solver!r} takes no centers (it uses no inducing points or Nystrom centers); "
@@ -184,7 +205,30 @@ class BaseKernelModel(SklearnProtocol):
             raise TypeError(
                 f"centers: expected a selector name, an (M x d) array/tensor or None, got {type(self.centers).__name__}"
             )
-        return _FitSetup(solver, solver_options, selector_name, selector, selector_options, dtype, device)
+        return _FitSetup(
+            solver, solver_options, selector_name, selector, selector_options, dtype, device, objective, learn_options
+        )
+
+    def _validate_learning(self) -> tuple[Any, dict[str, Any]]:
+        """Check ``learn``, ``learn_options``, ``ard`` and ``normalize_y``; resolve the objective plugin."""
+        for name in ("ard", "normalize_y"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name}: expected True or False, got {getattr(self, name)!r}")
+        if self.ard and not isinstance(self.kernel, str):
+            raise ValueError("ard=True applies to shortcut kernels; give your GPyTorch kernel ard_num_dims=d instead")
+        if self.ard and self.kernel.lower() == "linear":
+            raise ValueError("ard=True: the 'linear' shortcut kernel has no lengthscale")
+        if self.learn_options is not None and not isinstance(self.learn_options, dict):
+            raise TypeError(f"learn_options: expected a dict or None, got {type(self.learn_options).__name__}")
+        if self.learn is None:
+            if self.learn_options:
+                raise ValueError("learn_options: given without learn; set learn='sgpr' or learn='exact' to use them")
+            return None, {}
+        if not isinstance(self.learn, str):
+            raise TypeError(f"learn: expected an objective plugin name (str) or None, got {type(self.learn).__name__}")
+        objective = get_objective(self.learn)
+        _, _ = split_learn_options(self.learn, objective, self.learn_options)  # unknown keys / bad values: now
+        return objective, dict(self.learn_options or {})
 
     # ------------------------------------------------------------------ subclass hooks
     def _encode_fit_targets(self, y: Any, X: Tensor) -> tuple[Tensor, dict[str, Any]]:
@@ -243,16 +287,47 @@ class BaseKernelModel(SklearnProtocol):
         seed = self._draw_seed()
         if shard is not None:  # random_state=None draws on every rank: rank 0's draw is the fit's seed
             seed = int(shard.broadcast_(torch.tensor([seed], dtype=torch.int64, device=shard._device())).item())
-        kernel = self._build_kernel(Xt.dtype, Xt.device)
+            if self.learn is not None or self.normalize_y:
+                # both need statistics of all rows (the objective's sums, the targets' mean and scale)
+                raise ValueError(
+                    "learn / normalize_y: not supported in a distributed fit yet; learn the hyperparameters on "
+                    "one process (or a subset) and pass the learned kernel and noise"
+                )
+        kernel = self._build_kernel(Xt.dtype, Xt.device, Xt.shape[1])
+        Y, scaling = _normalize(Y, self.normalize_y)
         start = time.perf_counter()
+        noise, mean, learn_history = float(self.noise), torch.zeros(Y.shape[1], dtype=Y.dtype, device=Y.device), []
+        # the solver fits (y - shift) / scale - mean: validation predictions are mapped back before scoring
+        shift = {"mean": mean, **scaling}
+        metric = _in_target_units(self._validation_metric, shift) if (scaling or setup.objective) else None
         if shard is None:
-            monitor = Monitor(self.callback, bool(self.progress), validation, self._validation_metric)
+            monitor = Monitor(self.callback, bool(self.progress), validation, metric or self._validation_metric)
         else:  # one rank's stop request stops all; one progress bar
             progress = bool(self.progress) and shard.rank == 0
-            monitor = _dist.ShardedMonitor(shard, self.callback, progress, validation, self._validation_metric)
+            monitor = _dist.ShardedMonitor(
+                shard, self.callback, progress, validation, metric or self._validation_metric
+            )
         with _closing(monitor):
             centers = self._centers(setup, Xt, kernel, seed, shard=shard)
-            problem = self._problem(setup, Xt, Y, kernel, centers, seed + 1, monitor)
+            if setup.objective is not None:
+                learned = learn_hyperparameters(
+                    self.learn,
+                    Xt,
+                    Y,
+                    kernel,
+                    noise=noise,
+                    mean=Y.mean(0),
+                    centers=centers,
+                    options=setup.learn_options,
+                    generator=torch.Generator().manual_seed(seed + 3),
+                    monitor=monitor,
+                )
+                monitor.close()  # the solver's stage starts its own bar
+                noise, mean, learn_history = learned.noise, learned.mean, learned.history
+                shift["mean"] = mean
+                kernel = _without_grads(kernel)
+            solver_centers = centers if setup.solver.uses_centers else None
+            problem = self._problem(setup, Xt, Y - mean, kernel, solver_centers, seed + 1, monitor, noise=noise)
             problem.shard = shard
             with _gradients(setup.solver):
                 predictor = setup.solver.fit(problem)
@@ -273,7 +348,9 @@ class BaseKernelModel(SklearnProtocol):
             chunks_seen=1,  # a partial_fit continuing this fit draws from seed + 2 on
             shard=shard,
             feature_names=feature_names,
+            gp={"noise": noise, "mean": mean, **scaling, "learn_history": learn_history},
         )
+        self._X_train = Xt  # for the Nystrom predictive variance, computed on the first return_std call
         return self
 
     def _draw_seed(self) -> int:
@@ -281,9 +358,17 @@ class BaseKernelModel(SklearnProtocol):
             return int(self.random_state)
         return int(torch.randint(0, 2**62, (1,)).item())
 
-    def _build_kernel(self, dtype: torch.dtype, device) -> gpytorch.kernels.Kernel:
+    def _build_kernel(self, dtype: torch.dtype, device, n_features: int | None = None) -> gpytorch.kernels.Kernel:
         if isinstance(self.kernel, str):
             kernel = make_kernel(self.kernel, self.lengthscale)
+            if self.ard and n_features is not None:
+                # one lengthscale per input dimension, all starting at the given value
+                ard_kernel = type(kernel)(ard_num_dims=n_features, **_kernel_kwargs(kernel))
+                ard_kernel.lengthscale = kernel.lengthscale.detach().expand(1, n_features)
+                kernel = ard_kernel
+            if self.learn is not None and self.kernel.lower() != "linear":
+                # a GP's amplitude is a hyperparameter too: learned with the lengthscales (starts at 1)
+                kernel = gpytorch.kernels.ScaleKernel(kernel)
         else:
             kernel = copy.deepcopy(self.kernel)  # fitting never mutates the user's kernel object
         return kernel.to(device=device, dtype=dtype)
@@ -305,7 +390,7 @@ class BaseKernelModel(SklearnProtocol):
 
     def _centers(self, setup: _FitSetup, X: Tensor, kernel, seed: int, shard=None) -> Centers | None:
         """The selector's centers, the user's explicit centers, or None for solvers without centers."""
-        if not setup.solver.uses_centers:
+        if not setup.needs_centers:
             return None
         if setup.selector is not None:
             request = SelectionRequest(
@@ -329,12 +414,14 @@ class BaseKernelModel(SklearnProtocol):
                 raise ValueError("centers: a distributed fit needs the same explicit centers on every rank")
         return Centers(points=points)
 
-    def _problem(self, setup: _FitSetup, X, Y, kernel, centers, seed: int, monitor: Monitor) -> Problem:
+    def _problem(
+        self, setup: _FitSetup, X, Y, kernel, centers, seed: int, monitor: Monitor, noise: float | None = None
+    ) -> Problem:
         return Problem(
             X=X,
             y=Y,
             kernel=kernel,
-            noise=float(self.noise),
+            noise=float(self.noise) if noise is None else noise,
             centers=centers,
             options=setup.solver_options,
             generator=torch.Generator().manual_seed(seed),
@@ -358,8 +445,23 @@ class BaseKernelModel(SklearnProtocol):
         chunks_seen: int = 0,
         shard: _dist.Shard | None = None,
         feature_names: np.ndarray | None = None,
+        gp: dict[str, Any] | None = None,
     ) -> None:
-        """Write every fitted attribute (the one place that does: fit, partial_fit and load call it)."""
+        """Write every fitted attribute (the one place that does: fit, partial_fit and load call it).
+
+        ``gp`` holds the GP quantities of a fit: noise, constant mean, target scaling and learning
+        history (None: the fixed ``noise``, zero mean, no scaling).
+        """
+        gp = dict(gp or {})
+        like = torch.zeros(1, dtype=dtype, device=device)
+        self.noise_ = float(gp.get("noise", self.noise))
+        # per-output vectors (length 1 broadcasts over the outputs)
+        self.mean_ = _as_vector(gp.get("mean"), like, 0.0)
+        self._y_train_mean = _as_vector(gp.get("y_train_mean"), like, 0.0)
+        self._y_train_std = _as_vector(gp.get("y_train_std"), like, 1.0)
+        self.learn_history_ = list(gp.get("learn_history", []))
+        self._X_train = None
+        self._variance = VarianceFactors.from_state(gp["variance"]) if "variance" in gp else None
         self.kernel_ = kernel
         self.solver_name_ = solver_name
         self.solver_ = get_solver(solver_name)
@@ -407,9 +509,60 @@ class BaseKernelModel(SklearnProtocol):
             out = self.predictor_.predict(Xt)
         if out.dim() == 1:
             out = out.unsqueeze(-1)
+        out = self._unscale(out, self.mean_)
         if is_tensor:
             out = out.to(X.device)
         return out, not is_tensor
+
+    def _latent_std(self, X, include_noise: bool) -> Tensor:
+        """``n x k`` predictive standard deviation at X in the targets' units (see ``predict``)."""
+        self._check_fitted()
+        if not isinstance(include_noise, bool):
+            raise TypeError(f"include_noise: expected True or False, got {include_noise!r}")
+        Xt = to_tensor(X, "X", ndim=(2,), dtype=self.dtype_, device=self.device_)
+        if Xt.shape[1] != self.n_features_in_:
+            raise ValueError(f"X: expected {self.n_features_in_} features, got {Xt.shape[1]}")
+        factors = self._variance_factors()
+        var = latent_variance(self.kernel_, Xt, factors)
+        if include_noise:
+            var = var + self.noise_
+        return var.sqrt().unsqueeze(-1) * self._y_train_std
+
+    def _variance_factors(self) -> VarianceFactors:
+        if self._variance is not None:
+            return self._variance
+        name = self.solver_name_
+        if getattr(self.solver_, "exact_posterior", False):
+            points = getattr(self.predictor_, "centers", None)
+            if points is None:
+                raise RuntimeError(f"solver {name!r} declares exact_posterior but its predictor has no centers")
+            self._variance = exact_factors(self.kernel_, points, self.noise_)
+        elif self.centers_ is not None:
+            if self._X_train is None:
+                raise ValueError(
+                    f"return_std=True: the Nystrom variance of solver {name!r} needs one pass over the training "
+                    "data, which model files do not hold; call predict(..., return_std=True) once before save()"
+                )
+            self._variance = nystrom_factors(self.kernel_, self._X_train, self.centers_, self.noise_)
+        else:
+            raise ValueError(
+                f"return_std=True: solver {name!r} gives no predictive variance: it neither solves the exact GP "
+                "(exact_posterior = True, e.g. solver='exact') nor fits on centers (Nystrom/DTC variance, e.g. "
+                "solver='falkon')"
+            )
+        self._X_train = None  # the factors hold all that is needed now
+        return self._variance
+
+    def _unscale(self, out: Tensor, offset: Tensor | None = None) -> Tensor:
+        """Map predictions of the (normalised, centred) training targets back to the targets' units."""
+        mean, std = getattr(self, "_y_train_mean", None), getattr(self, "_y_train_std", None)
+        if offset is not None and bool((offset != 0).any()):
+            out = out + offset
+        if std is not None and bool((std != 1).any()):
+            out = out * std
+        if mean is not None and bool((mean != 0).any()):
+            out = out + mean
+        return out
 
     # ------------------------------------------------------------------ persistence
     def _target_state(self) -> dict[str, Any]:
@@ -433,7 +586,7 @@ class BaseKernelModel(SklearnProtocol):
         self._check_fitted()
         if getattr(self, "shard_", None) is not None and self.shard_["rank"] != 0:
             return
-        params = {name: getattr(self, name) for name in _PLAIN_PARAMS}
+        params = {name: getattr(self, name) for name in _PLAIN_PARAMS + _LEARN_PARAMS}
         params["kernel"] = self.kernel if isinstance(self.kernel, str) else None
         params["centers"] = self.centers if isinstance(self.centers, str) else None
         params["dtype"] = str(self.dtype_).replace("torch.", "")
@@ -443,6 +596,17 @@ class BaseKernelModel(SklearnProtocol):
             fitted["feature_names"] = [str(name) for name in self.feature_names_in_]
         if self.center_weights_ is not None:
             fitted["center_weights"] = self.center_weights_.detach().cpu()
+        fitted["gp"] = {
+            "noise": float(self.noise_),
+            "mean": self.mean_.detach().cpu(),
+            "y_train_mean": self._y_train_mean.detach().cpu(),
+            "y_train_std": self._y_train_std.detach().cpu(),
+            "learn_history": [float(v) for v in self.learn_history_],
+        }
+        if self._variance is not None:
+            fitted["gp"]["variance"] = {
+                k: (v.detach().cpu() if torch.is_tensor(v) else v) for k, v in self._variance.state_dict().items()
+            }
         io.write_model(
             {
                 "estimator": type(self).__name__,
@@ -498,6 +662,7 @@ class BaseKernelModel(SklearnProtocol):
             targets=cls._targets_from_state(fitted),
             fit_time=0.0,
             feature_names=None if "feature_names" not in fitted else np.asarray(fitted["feature_names"], dtype=object),
+            gp=io.to_device(fitted["gp"], device, dtype) if "gp" in fitted else None,
         )
         return model
 
@@ -548,6 +713,51 @@ def _closing(monitor: Monitor) -> Iterator[Monitor]:
         yield monitor
     finally:
         monitor.close()
+
+
+def _normalize(Y: Tensor, normalize: bool) -> tuple[Tensor, dict[str, Tensor]]:
+    """scikit-learn's ``GaussianProcessRegressor(normalize_y=True)``: centre and scale each column.
+
+    A constant column keeps the scale 1 (as scikit-learn does), so nothing is divided by zero.
+    """
+    if not normalize:
+        return Y, {}
+    mean = Y.mean(0)
+    std = Y.std(0, correction=0)
+    std = torch.where(std > 0, std, torch.ones_like(std))
+    return (Y - mean) / std, {"y_train_mean": mean, "y_train_std": std}
+
+
+def _in_target_units(metric: Callable[[Tensor, Tensor], float] | None, shift: dict[str, Tensor]) -> Callable:
+    """``metric`` applied to predictions mapped back from the solver's (centred, scaled) targets."""
+
+    def scored(pred: Tensor, target: Tensor) -> float:
+        out = pred.unsqueeze(-1) if pred.dim() == 1 else pred
+        out = out + shift["mean"]
+        if "y_train_std" in shift:
+            out = out * shift["y_train_std"] + shift["y_train_mean"]
+        if metric is not None:
+            return metric(out, target)
+        return float(((out.reshape(target.shape) - target) ** 2).mean())
+
+    return scored
+
+
+def _as_vector(value: Any, like: Tensor, fill: float) -> Tensor:
+    if value is None:
+        return torch.full_like(like, fill)
+    return torch.as_tensor(value).to(dtype=like.dtype, device=like.device).reshape(-1).clone()
+
+
+def _without_grads(kernel: gpytorch.kernels.Kernel) -> gpytorch.kernels.Kernel:
+    """The learned kernel, detached from the optimiser's graph (its parameters keep ``requires_grad``)."""
+    for p in kernel.parameters():
+        p.grad = None
+    return kernel
+
+
+def _kernel_kwargs(kernel: gpytorch.kernels.Kernel) -> dict[str, Any]:
+    return {"nu": kernel.nu} if isinstance(kernel, gpytorch.kernels.MaternKernel) else {}
 
 
 @contextlib.contextmanager

@@ -133,6 +133,8 @@ class KernelRegressor(BaseKernelModel):
             self._check_feature_names(X)
         if not hasattr(setup.solver, "partial_fit"):
             raise ValueError(f"solver {self.solver!r} does not support partial_fit")
+        if self.learn is not None or self.normalize_y:
+            raise ValueError("partial_fit: learn and normalize_y need the whole training set; use fit")
         first = not hasattr(self, "predictor_")
         dtype, device = (setup.dtype, setup.device) if first else (self.dtype_, self.device_)
         Xt = to_tensor(X, "X", ndim=(2,), dtype=dtype, device=device)
@@ -140,7 +142,12 @@ class KernelRegressor(BaseKernelModel):
         if Y.shape[0] != Xt.shape[0]:
             raise ValueError(f"X and y: expected the same number of samples, got {Xt.shape[0]} and {Y.shape[0]}")
         if first:
-            seed, kernel, chunks, history = self._draw_seed(), self._build_kernel(Xt.dtype, Xt.device), 0, []
+            seed, kernel, chunks, history = (
+                self._draw_seed(),
+                self._build_kernel(Xt.dtype, Xt.device, Xt.shape[1]),
+                0,
+                [],
+            )
         else:
             if Xt.shape[1] != self.n_features_in_ or Y.shape[1] != self.n_outputs_:
                 raise ValueError(
@@ -172,12 +179,43 @@ class KernelRegressor(BaseKernelModel):
         )
         return self
 
-    def predict(self, X):
-        """Posterior mean at ``X``; numpy in, numpy out; tensor in, tensor out (1-D if y was 1-D)."""
+    def predict(self, X, return_std: bool = False, *, include_noise: bool = False):
+        """Posterior mean at ``X``, and with ``return_std=True`` its predictive standard deviation.
+
+        numpy in, numpy out; tensor in, tensor out (1-D if y was 1-D).
+
+        Parameters
+        ----------
+        return_std:
+            Also return the standard deviation, as scikit-learn's ``GaussianProcessRegressor``: of
+            the **latent function f** (the observation noise ``noise_`` is not included, like
+            scikit-learn's ``alpha``), in the targets' units (times the ``normalize_y`` scale). The
+            exact GP variance for solvers with ``exact_posterior`` (``exact``); the DTC / SGPR
+            variance on the fitted centers for center-based solvers (``falkon``, ...), see
+            :mod:`kgp.variance`. Other solvers raise ValueError naming the solver.
+        include_noise:
+            Add the noise variance: the standard deviation of a new observation y (for NLPD or
+            prediction intervals).
+
+        Returns
+        -------
+        mean, or (mean, std)
+        """
+        if not isinstance(return_std, bool):
+            raise TypeError(f"return_std: expected True or False, got {return_std!r}")
+        if include_noise and not return_std:
+            raise ValueError("include_noise=True needs return_std=True")
         out, numpy_out = self._raw_predict(X)
+        std = self._latent_std(X, include_noise).to(out.device) if return_std else None
         if self._y_ndim == 1:
             out = out[:, 0]
-        return out.cpu().numpy() if numpy_out else out
+            std = None if std is None else std[:, 0]
+        elif std is not None:
+            std = std.expand_as(out)
+        if numpy_out:
+            out = out.cpu().numpy()
+            std = None if std is None else std.cpu().numpy()
+        return out if std is None else (out, std)
 
     def score(self, X, y) -> float:
         """Coefficient of determination R^2 (averaged uniformly over outputs)."""

@@ -25,6 +25,7 @@ class ExactSolver:
 
     option_defaults: dict[str, kgp.Option] = {}  # none: the oracle has nothing to tune
     uses_centers = False
+    exact_posterior = True  # predict(return_std=True) gives the exact GP posterior variance
 
     def fit(self, problem: Problem) -> KernelExpansion:
         kgp.merge_options("solver 'exact'", self.option_defaults, problem.options)

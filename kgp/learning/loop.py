@@ -1,0 +1,276 @@
+"""kgp's hyperparameter optimisation loop (the objective plugins only supply the loss).
+
+The loop trains, with ``torch.optim``:
+
+- every trainable GPyTorch parameter of the kernel, in GPyTorch's *raw* parametrisation, so the
+  kernel's own constraints (positive lengthscales, outputscale, ...) hold at every step;
+- the noise variance through a raw parameter under ``gpytorch.constraints.GreaterThan(min_noise)``
+  (softplus, as GPyTorch's ``GaussianLikelihood``);
+- a constant mean per output (GPyTorch's ``ConstantMean``).
+
+The minimised value is the objective per data point minus the kernel's GPyTorch prior log-densities
+divided by n, which is GPyTorch's ``ExactMarginalLogLikelihood`` convention (its value is
+``(log p(y) + log priors) / n``) with the sign flipped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import gpytorch
+import torch
+from torch import Tensor
+
+from ..diagnostics import DivergenceError
+from ..monitor import Monitor
+from ..options import Option, merge_options
+from ..plugin import Centers
+from ..registry import get_objective
+from .problem import LearningProblem
+
+__all__ = ["LEARN_OPTIONS", "LearnResult", "learn_hyperparameters"]
+
+LEARN_OPTIONS: dict[str, Option] = {
+    "iterations": Option.integer(
+        100,
+        minimum=1,
+        help="objective evaluations: Adam steps, or the L-BFGS budget of evaluations (line searches included)",
+    ),
+    "lr": Option.number(
+        None, minimum=0.0, exclusive_minimum=True, allow_none=True, help="step size; None: 0.1 for Adam, 1 for L-BFGS"
+    ),
+    "optimizer": Option.choice("adam", ("adam", "lbfgs"), help="torch.optim.Adam or torch.optim.LBFGS (strong Wolfe)"),
+    "min_noise": Option.number(
+        1e-6, minimum=0.0, exclusive_minimum=True, help="lower bound of the learned noise variance (GreaterThan)"
+    ),
+    "learn_noise": Option.boolean(True, help="train the noise variance (False: keep the model's noise)"),
+    "learn_mean": Option.boolean(True, help="train a constant mean per output (False: keep the initial mean)"),
+}
+"""Options of the loop itself, accepted in ``learn_options`` next to the objective's own options."""
+
+_DEFAULT_LR = {"adam": 0.1, "lbfgs": 1.0}
+
+
+@dataclass
+class LearnResult:
+    """What :func:`learn_hyperparameters` found.
+
+    Attributes
+    ----------
+    kernel:
+        The kernel object given, with the learned hyperparameters (trained in place).
+    noise:
+        Learned noise variance sigma^2.
+    mean:
+        Learned constant mean, one value per output (shape ``(k,)``).
+    history:
+        Minimised value (objective per point minus priors / n) at each evaluation: before each Adam
+        update; at each function evaluation of L-BFGS (its line search included).
+    options:
+        The merged options (loop's and objective's).
+    """
+
+    kernel: gpytorch.kernels.Kernel
+    noise: float
+    mean: Tensor
+    history: list[float] = field(default_factory=list)
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+def split_learn_options(name: str, objective: Any, given: dict[str, Any] | None) -> tuple[dict, dict]:
+    """Validate ``learn_options`` against the loop's and the objective's declarations.
+
+    Returns
+    -------
+    (loop options, objective options), each merged with its defaults.
+
+    Raises
+    ------
+    InvalidOptionError
+        An invalid value, named as ``learn 'NAME' option 'KEY': expected ..., got ...``.
+    ValueError
+        An unknown key (the message lists the valid ones).
+    """
+    own = dict(getattr(objective, "option_defaults", {}) or {})
+    clash = sorted(set(own) & set(LEARN_OPTIONS))
+    if clash:
+        raise TypeError(f"objective {name!r} declares options {clash} that the learning loop owns; rename them")
+    merged = merge_options(f"learn {name!r}", {**LEARN_OPTIONS, **own}, given)
+    loop = {k: merged[k] for k in LEARN_OPTIONS}
+    return loop, {k: v for k, v in merged.items() if k not in LEARN_OPTIONS}
+
+
+def learn_hyperparameters(
+    objective: str,
+    X: Tensor,
+    y: Tensor,
+    kernel: gpytorch.kernels.Kernel,
+    *,
+    noise: float,
+    mean: Tensor | float = 0.0,
+    centers: Centers | None = None,
+    options: dict[str, Any] | None = None,
+    generator: torch.Generator | None = None,
+    monitor: Monitor | None = None,
+) -> LearnResult:
+    """Minimise the objective plugin ``objective`` over the kernel's hyperparameters, noise and mean.
+
+    Parameters
+    ----------
+    objective:
+        Name of a registered objective (``kgp plugins`` lists them), e.g. ``"sgpr"`` or ``"exact"``.
+    X, y:
+        ``n x d`` inputs and ``n`` or ``n x k`` targets (same dtype and device).
+    kernel:
+        GPyTorch kernel on X's device and dtype; **trained in place** (pass a copy to keep yours).
+    noise:
+        Initial noise variance sigma^2 (> ``min_noise``).
+    mean:
+        Initial constant mean (a number or one value per output).
+    centers:
+        Inducing points for objectives with ``uses_centers`` (held fixed).
+    options:
+        ``learn_options``: the loop's (:data:`LEARN_OPTIONS`) and the objective's options.
+    generator:
+        Seeded CPU generator for the objective's random draws (default: seed 0).
+    monitor:
+        Receives one report per step (``extras``: ``stage="learn"``, ``objective``, ``noise``); the
+        caller owns and closes it.
+
+    Returns
+    -------
+    LearnResult
+
+    Raises
+    ------
+    ValueError
+        Unknown objective (the message lists the available ones), unknown or invalid option, a kernel
+        without trainable parameters, an initial noise not above ``min_noise``, missing centers.
+    kgp.DivergenceError
+        The objective became NaN or infinite; the message names the step and the hyperparameters.
+    """
+    obj = get_objective(objective)
+    loop, obj_options = split_learn_options(objective, obj, options)
+    Y = y.unsqueeze(-1) if y.dim() == 1 else y
+    if getattr(obj, "uses_centers", False) and centers is None:
+        raise ValueError(f"objective {objective!r} needs centers (inducing points); pass centers or n_centers")
+    params = [p for p in kernel.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError(
+            f"kernel: learn={objective!r} needs a kernel with trainable parameters, but {type(kernel).__name__} "
+            "has none (or all have requires_grad=False)"
+        )
+    min_noise = loop["min_noise"]
+    if not noise > min_noise:
+        raise ValueError(
+            f"noise: the initial noise variance {noise!r} must be above learn_options['min_noise']={min_noise!r}"
+        )
+    dtype, device = X.dtype, X.device
+    constraint = gpytorch.constraints.GreaterThan(min_noise).to(device=device)
+    raw_noise = constraint.inverse_transform(torch.tensor(float(noise), dtype=dtype, device=device)).clone()
+    raw_noise.requires_grad_(loop["learn_noise"])
+    mean_t = torch.as_tensor(mean, dtype=dtype, device=device).reshape(-1).expand(Y.shape[1]).clone()
+    mean_t.requires_grad_(loop["learn_mean"])
+    trained = params + [t for t in (raw_noise, mean_t) if t.requires_grad]
+
+    problem = LearningProblem(
+        X=X,
+        y=Y,
+        kernel=kernel,
+        centers=centers,
+        options=obj_options,
+        generator=generator if generator is not None else torch.Generator().manual_seed(0),
+    )
+    monitor = monitor if monitor is not None else Monitor()
+    history: list[float] = []
+    n = X.shape[0]
+
+    with torch.enable_grad():
+        loss_fn = obj.prepare(problem)
+
+        def total() -> Tensor:
+            value = loss_fn(constraint.transform(raw_noise), mean_t)
+            for _, module, prior, closure, _ in kernel.named_priors():
+                value = value - prior.log_prob(closure(module)).sum() / n
+            return value
+
+        optimizer = loop["optimizer"]
+        lr = loop["lr"] if loop["lr"] is not None else _DEFAULT_LR[optimizer]
+        iterations = loop["iterations"]
+        monitor.start(total=iterations, desc=f"learn {objective}")
+
+        def evaluate() -> Tensor:
+            # one objective evaluation with its gradient = one reported step (Adam: one per update;
+            # L-BFGS: each evaluation of its line search)
+            opt.zero_grad()
+            step = len(history) + 1
+            value = total()
+            _check_finite(value, objective, step, kernel, constraint.transform(raw_noise), mean_t)
+            value.backward()
+            history.append(float(value.detach()))
+            noise_now = float(constraint.transform(raw_noise).detach())
+            if monitor.step(step, None, stage="learn", objective=history[-1], noise=noise_now):
+                raise _Stop
+            return value
+
+        try:
+            if optimizer == "adam":
+                opt = torch.optim.Adam(trained, lr=lr)
+                for _ in range(iterations):
+                    evaluate()
+                    opt.step()
+            else:
+                # one L-BFGS run: its own iteration and evaluation counts bound the work
+                opt = torch.optim.LBFGS(
+                    trained, lr=lr, max_iter=iterations, max_eval=iterations, line_search_fn="strong_wolfe"
+                )
+                opt.step(evaluate)
+        except _Stop:
+            pass  # the user's callback asked to stop; keep the current values
+    if not all(bool(torch.isfinite(t).all()) for t in trained):
+        _check_finite(
+            torch.tensor(float("nan")), objective, len(history) + 1, kernel, constraint.transform(raw_noise), mean_t
+        )
+    for p in params:
+        p.grad = None
+    return LearnResult(
+        kernel=kernel,
+        noise=float(constraint.transform(raw_noise).detach()),
+        mean=mean_t.detach().clone(),
+        history=history,
+        options={**loop, **obj_options},
+    )
+
+
+class _Stop(Exception):
+    """The monitor's callback returned True."""
+
+
+def hyperparameter_values(kernel: gpytorch.kernels.Kernel) -> dict[str, list[float] | float]:
+    """The kernel's hyperparameters in their constrained (user-facing) form, e.g. ``{"lengthscale": [...]}``."""
+    out: dict[str, list[float] | float] = {}
+    for name, raw, constraint in kernel.named_parameters_and_constraints():
+        value = constraint.transform(raw) if constraint is not None else raw
+        flat = value.detach().reshape(-1).tolist()
+        out[name.replace("raw_", "")] = flat[0] if len(flat) == 1 else flat
+    return out
+
+
+def _check_finite(value: Tensor, objective: str, step: int, kernel, noise: Tensor, mean: Tensor) -> None:
+    if bool(torch.isfinite(value)):
+        return
+    hypers = ", ".join(f"{k}={_fmt(v)}" for k, v in hyperparameter_values(kernel).items())
+    raise DivergenceError(
+        f"learn {objective!r}: the objective is {float(value.detach())} at step {step}; hyperparameters: {hypers}, "
+        f"noise={float(noise.detach()):.6g}, mean={_fmt(mean.detach().reshape(-1).tolist())}; "
+        "likely cause: a step size too large for the data's scale, or a noise variance too small for the kernel "
+        "matrix to be positive definite; remedy: lower learn_options['lr'], raise learn_options['min_noise'], "
+        "or use normalize_y=True"
+    )
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, list):
+        return "[" + ", ".join(f"{v:.6g}" for v in value) + "]"
+    return f"{value:.6g}"

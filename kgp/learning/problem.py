@@ -1,0 +1,65 @@
+"""What an objective plugin receives: :class:`LearningProblem`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import gpytorch
+import torch
+from torch import Tensor
+
+from ..operators import KernelOperator, kernel_operator
+from ..plugin import Centers
+
+__all__ = ["LearningProblem"]
+
+
+@dataclass
+class LearningProblem:
+    """Everything a hyperparameter objective needs (see the ``register_objectives`` hook).
+
+    Attributes
+    ----------
+    X:
+        ``n x d`` training inputs.
+    y:
+        ``n x k`` training targets (2-D; each column is an independent GP sharing the hyperparameters).
+    kernel:
+        The GPyTorch kernel being trained, on ``X``'s device and dtype. Its parameters change between
+        calls of the loss; read them (e.g. through :meth:`kernel_operator`) inside the loss.
+    centers:
+        Inducing points / Nystrom centers (:class:`kgp.Centers`) for objectives with
+        ``uses_centers = True``, else None. Held fixed during learning.
+    options:
+        The objective's options, merged with its ``option_defaults`` (the loop's own options removed).
+    generator:
+        Seeded CPU ``torch.Generator``: the only source of randomness.
+    """
+
+    X: Tensor
+    y: Tensor
+    kernel: gpytorch.kernels.Kernel
+    centers: Centers | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    generator: torch.Generator = field(default_factory=lambda: torch.Generator().manual_seed(0))
+
+    @property
+    def n(self) -> int:
+        return self.X.shape[0]
+
+    @property
+    def n_outputs(self) -> int:
+        return self.y.shape[1]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.X.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.X.device
+
+    def kernel_operator(self, x1: Tensor, x2: Tensor | None = None) -> KernelOperator:
+        """Lazy ``K(x1, x2)`` with the kernel's current hyperparameters (differentiable under autograd)."""
+        return kernel_operator(self.kernel, x1, x2)

@@ -1,0 +1,73 @@
+"""Objective ``exact``: the exact negative log marginal likelihood per data point.
+
+For targets ``r = y - m`` (constant mean m) and ``C = K + sigma^2 I`` (Rasmussen & Williams 2006,
+eq. 2.30)::
+
+    -log p(y) = 1/2 r^T C^{-1} r + 1/2 log|C| + n/2 log(2 pi),
+
+divided by the number of points and outputs. O(s^2) memory and O(s^3) time on s rows, so the whole
+training set is used only up to ``kgp.settings.max_exact_size``; beyond it give ``subset`` (rows
+drawn once per learning run, without replacement, from ``problem.generator``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+import kgp
+from kgp import settings
+from kgp.learning import LearningProblem
+from kgp.linalg import psd_cholesky
+
+
+class ExactObjective:
+    """Exact GP negative log marginal likelihood by Cholesky (GPyTorch's ``ExactMarginalLogLikelihood``)."""
+
+    option_defaults = {
+        "subset": kgp.Option.integer(
+            None,
+            minimum=2,
+            allow_none=True,
+            help="rows drawn at random for the likelihood (None: all, up to kgp.settings.max_exact_size)",
+        ),
+    }
+    uses_centers = False
+
+    def prepare(self, problem: LearningProblem) -> Callable[[Tensor, Tensor], Tensor]:
+        options = kgp.merge_options("objective 'exact'", self.option_defaults, problem.options)
+        n, subset = problem.n, options["subset"]
+        limit = settings.max_exact_size.value()
+        size = n if subset is None else min(subset, n)
+        if size > limit:
+            where = f"n={n}" if subset is None else f"subset={subset}"
+            raise ValueError(
+                f"objective 'exact' builds a dense {size} x {size} kernel matrix; {where} exceeds "
+                f"kgp.settings.max_exact_size={limit}: pass learn_options={{'subset': {min(limit, 3000)}}}, use "
+                f"learn='sgpr', or raise the limit with kgp.settings.max_exact_size({size})"
+            )
+        if size < n:
+            rows = torch.randperm(n, generator=problem.generator)[:size].to(problem.device)
+            X, Y = problem.X[rows], problem.y[rows]
+        else:
+            X, Y = problem.X, problem.y
+        count = Y.numel()
+
+        def loss(noise: Tensor, mean: Tensor) -> Tensor:
+            K = problem.kernel_operator(X).to_dense()
+            C = K + noise * torch.eye(size, dtype=K.dtype, device=K.device)
+            L = psd_cholesky(
+                C,
+                max_tries=0,
+                what=f"objective 'exact': K + noise*I with noise={float(noise.detach()):.6g}",
+                remedy="raise learn_options['min_noise'] or use float64",
+            )
+            a = torch.linalg.solve_triangular(L, Y - mean, upper=False)
+            logdet = 2.0 * torch.log(L.diagonal()).sum()
+            nll = 0.5 * (a.square().sum() + Y.shape[1] * (logdet + size * math.log(2 * math.pi)))
+            return nll / count
+
+        return loss

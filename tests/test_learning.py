@@ -1,0 +1,266 @@
+"""The hyperparameter-learning loop and the model API around it (``learn``, ``learn_options``, ``ard``).
+
+Oracles: GP draws with known ARD lengthscales (the truth), GPyTorch's ``ExactMarginalLogLikelihood``
+with a prior (what the loop minimises at its first step), and the model's own pieces recomputed by
+hand (learned kernel and noise given to a fixed-hyperparameter fit).
+"""
+
+from __future__ import annotations
+
+import gpytorch
+import numpy as np
+import pytest
+import torch
+
+import kgp
+from kgp.learning import learn_hyperparameters
+from kgp.options import InvalidOptionError
+from kgp.registry import UnknownPluginError
+
+TRUE_LENGTHSCALES = [0.3, 0.6, 1.0]
+
+
+def _gp_draw(n: int, lengthscales, seed: int, noise: float = 0.01):
+    gen = torch.Generator().manual_seed(seed)
+    d = len(lengthscales)
+    X = torch.rand(n, d, generator=gen, dtype=torch.float64) * 4 - 2
+    k = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=d)).double()
+    k.base_kernel.lengthscale = torch.tensor(lengthscales)
+    k.outputscale = 1.0
+    with torch.no_grad():
+        K = k(X).to_dense() + 1e-8 * torch.eye(n, dtype=torch.float64)
+    f = torch.linalg.cholesky(K) @ torch.randn(n, generator=gen, dtype=torch.float64)
+    return X, f + noise**0.5 * torch.randn(n, generator=gen, dtype=torch.float64)
+
+
+def _ard_kernel(d: int = 3):
+    return gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=d)).double()
+
+
+@pytest.mark.slow
+def test_exact_learning_recovers_known_ard_lengthscales():
+    X, y = _gp_draw(800, TRUE_LENGTHSCALES, seed=0)
+    model = kgp.KernelRegressor(
+        "rbf", ard=True, learn="exact", learn_options={"optimizer": "lbfgs", "iterations": 60}, noise=0.1
+    ).fit(X, y)
+    learned = model.kernel_.base_kernel.lengthscale.detach().reshape(-1)
+    error = (learned / torch.tensor(TRUE_LENGTHSCALES, dtype=torch.float64) - 1).abs()
+    assert bool((error < 0.10).all()), learned  # measured: at most 5.0 % (seeds 0-2: 5.0, 1.6, 1.2 %)
+    assert abs(model.noise_ - 0.01) < 0.003 and abs(float(model.kernel_.outputscale.detach()) - 1.0) < 0.2
+
+
+def test_adam_and_lbfgs_reach_the_same_optimum_and_history_decreases():
+    X, y = _gp_draw(200, [0.5, 1.0], seed=1)
+    results = {}
+    for optimizer, iterations in (("adam", 150), ("lbfgs", 60)):
+        kernel = _ard_kernel(2)
+        results[optimizer] = learn_hyperparameters(
+            "exact", X, y, kernel, noise=0.1, options={"optimizer": optimizer, "iterations": iterations}
+        )
+        results[optimizer].ls = kernel.base_kernel.lengthscale.detach()
+    adam, lbfgs = results["adam"], results["lbfgs"]
+    assert lbfgs.history[-1] < lbfgs.history[0] and adam.history[-1] < adam.history[0]
+    assert len(adam.history) == 150 and len(lbfgs.history) <= 60
+    assert abs(adam.history[-1] - lbfgs.history[-1]) < 1e-3 * abs(lbfgs.history[-1]) + 1e-4
+    assert torch.allclose(adam.ls, lbfgs.ls, rtol=0.05)
+
+
+def test_first_step_is_minus_gpytorch_mll_with_priors():
+    X, y = _gp_draw(120, [0.5, 1.0], seed=2)
+    kernel = _ard_kernel(2)
+    kernel.base_kernel.register_prior(
+        "lengthscale_prior", gpytorch.priors.GammaPrior(3.0, 6.0), lambda m: m.lengthscale, lambda m, v: None
+    )
+    likelihood = gpytorch.likelihoods.GaussianLikelihood().double()
+    likelihood.noise = 0.2
+
+    class GP(gpytorch.models.ExactGP):
+        def __init__(self):
+            super().__init__(X, y, likelihood)
+            self.mean_module = gpytorch.means.ConstantMean()
+            self.covar_module = kernel
+
+        def forward(self, x):
+            return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+    gp = GP().double().train()
+    gp.mean_module.constant.data.fill_(0.25)
+    with torch.no_grad():
+        reference = -float(gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, gp)(gp(X), y))
+    # GPyTorch stores the noise through a float32 constraint bound: take its value, not 0.2
+    result = learn_hyperparameters(
+        "exact", X, y, kernel, noise=float(likelihood.noise), mean=0.25, options={"iterations": 1}
+    )
+    assert abs(result.history[0] - reference) < 1e-10 * abs(reference)
+
+
+def test_model_fit_with_learn_equals_a_fixed_fit_with_the_learned_values():
+    X, y = _gp_draw(300, [0.5, 1.0], seed=3)
+    y = 4.0 * y + 7.0
+    model = kgp.KernelRegressor(
+        "rbf",
+        ard=True,
+        learn="sgpr",
+        n_centers=60,
+        solver="falkon",
+        normalize_y=True,
+        random_state=0,
+        learn_options={"iterations": 30},
+        solver_options={"maxiter": 100},
+    ).fit(X, y)
+    assert len(model.learn_history_) == 30 and model.learn_history_[-1] < model.learn_history_[0]
+    assert isinstance(model.kernel_, gpytorch.kernels.ScaleKernel)
+    assert model.kernel_.base_kernel.lengthscale.shape == (1, 2)
+    # the same fit by hand: fixed learned kernel and noise on (y - y_mean) / y_std - mean_
+    y_mean, y_std = y.mean(), y.std(correction=0)
+    fixed = kgp.KernelRegressor(
+        model.kernel_, noise=model.noise_, solver="falkon", centers=model.centers_, solver_options={"maxiter": 100}
+    ).fit(X, (y - y_mean) / y_std - model.mean_[0])
+    Xq = X[:50] + 0.1
+    expected = (fixed.predict(Xq) + model.mean_[0]) * y_std + y_mean
+    assert torch.allclose(model.predict(Xq), expected, rtol=1e-8, atol=1e-8)
+
+
+def test_callback_and_history_cover_learning_then_solving():
+    X, y = _gp_draw(150, [0.7], seed=4)
+    seen = []
+    model = kgp.KernelRegressor(
+        "rbf",
+        learn="exact",
+        learn_options={"iterations": 5},
+        solver="falkon",
+        n_centers=30,
+        solver_options={"maxiter": 4},
+        callback=lambda info: seen.append(info.extras.get("stage", "solve")),
+        random_state=0,
+    ).fit(X, y)
+    assert seen == ["learn"] * 5 + ["solve"] * len(model.history_) and len(model.history_) >= 1
+    stopped = kgp.KernelRegressor(
+        "rbf", learn="exact", learn_options={"iterations": 50}, callback=lambda info: info.iteration == 3
+    ).fit(X, y)
+    assert len(stopped.learn_history_) == 3
+
+
+def test_validation_metric_is_in_the_targets_units():
+    X, y = _gp_draw(200, [0.7], seed=5)
+    y = 10 * y + 3
+    Xv, yv = X[:40] + 0.05, y[:40]
+    model = kgp.KernelRegressor(
+        "rbf",
+        learn="exact",
+        learn_options={"iterations": 5},
+        normalize_y=True,
+        solver="falkon",
+        n_centers=50,
+        solver_options={"maxiter": 30},
+        random_state=0,
+    ).fit(X, y, validation_data=(Xv, yv))
+    final_mse = float(((model.predict(Xv) - yv) ** 2).mean())
+    assert abs(model.history_[-1].metric - final_mse) < 1e-8 * final_mse
+
+
+def test_save_load_keeps_learned_hyperparameters_mean_and_scaling(tmp_path):
+    X, y = _gp_draw(150, [0.6, 1.2], seed=6)
+    model = kgp.KernelRegressor(
+        "matern52", ard=True, learn="exact", learn_options={"iterations": 10}, normalize_y=True
+    ).fit(X.numpy(), 5 * y.numpy() - 2)
+    model.save(tmp_path / "m.pt")
+    loaded = kgp.load(tmp_path / "m.pt")
+    Xq = X.numpy()[:20] + 0.1
+    np.testing.assert_allclose(loaded.predict(Xq), model.predict(Xq), rtol=1e-12)
+    np.testing.assert_allclose(
+        loaded.predict(Xq, return_std=True)[1], model.predict(Xq, return_std=True)[1], rtol=1e-10
+    )
+    assert loaded.noise_ == model.noise_ and torch.equal(loaded.mean_, model.mean_)
+    assert loaded.learn_history_ == model.learn_history_
+    assert loaded.learn == "exact" and loaded.ard is True and loaded.normalize_y is True
+
+
+class _NaNAfterTwo:
+    option_defaults: dict = {}
+    uses_centers = False
+
+    def prepare(self, problem):
+        calls = []
+
+        def loss(noise, mean):
+            calls.append(1)
+            value = problem.kernel_operator(problem.X[:5]).to_dense().sum() * noise + mean.sum()
+            return value if len(calls) <= 2 else value * float("nan")
+
+        return loss
+
+
+class _NaNPlugin:
+    @staticmethod
+    @kgp.hookimpl
+    def register_objectives(register):
+        register("nan-after-two", _NaNAfterTwo())
+
+
+def test_bad_input_errors():
+    X, y = _gp_draw(60, [0.7], seed=7)
+    kgp.register(_NaNPlugin(), name="nan-plugin")
+    try:
+        with pytest.raises(
+            kgp.DivergenceError,
+            match=r"objective is nan at step 3; hyperparameters: outputscale=.*, base_kernel.lengthscale=.*, noise=",
+        ):
+            kgp.KernelRegressor("rbf", learn="nan-after-two", learn_options={"lr": 0.01}).fit(X, y)
+    finally:
+        kgp.unregister("nan-plugin")
+    with pytest.raises(UnknownPluginError, match=r"unknown objective 'sgrp'; available objectives: exact, sgpr"):
+        kgp.KernelRegressor("rbf", learn="sgrp").fit(X, y)
+    with pytest.raises(
+        ValueError, match=r"unknown option\(s\) \['iteration'\] for learn 'exact'; valid options: iterations, "
+    ):
+        kgp.KernelRegressor("rbf", learn="exact", learn_options={"iteration": 5}).fit(X, y)
+    for bad in (0.0, -1e-3):
+        with pytest.raises(InvalidOptionError, match=r"learn 'exact' option 'min_noise': expected a finite number > 0"):
+            kgp.KernelRegressor("rbf", learn="exact", learn_options={"min_noise": bad}).fit(X, y)
+    with pytest.raises(ValueError, match=r"initial noise variance 0.001 must be above learn_options\['min_noise'\]"):
+        kgp.KernelRegressor("rbf", noise=1e-3, learn="exact", learn_options={"min_noise": 1e-2}).fit(X, y)
+    frozen = gpytorch.kernels.RBFKernel().double()
+    frozen.raw_lengthscale.requires_grad_(False)
+    with pytest.raises(ValueError, match=r"kernel: learn='exact' needs a kernel with trainable parameters"):
+        kgp.KernelRegressor(frozen, learn="exact").fit(X, y)
+    with pytest.raises(ValueError, match="ard=True applies to shortcut kernels"):
+        kgp.KernelRegressor(gpytorch.kernels.RBFKernel(), ard=True).fit(X, y)
+    with pytest.raises(ValueError, match="learn_options: given without learn"):
+        kgp.KernelRegressor("rbf", learn_options={"iterations": 3}).fit(X, y)
+    with pytest.raises(TypeError, match="normalize_y: expected True or False"):
+        kgp.KernelRegressor("rbf", normalize_y="yes").fit(X, y)
+    with pytest.raises(ValueError, match="partial_fit: learn and normalize_y need the whole training set"):
+        kgp.KernelRegressor("rbf", solver="dsg", learn="exact").partial_fit(X, y)
+
+
+def test_learned_kernel_drops_into_a_gpytorch_model():
+    X, y = _gp_draw(100, [0.6], seed=8)
+    model = kgp.KernelRegressor("rbf", learn="exact", learn_options={"iterations": 20}).fit(X, y)
+    likelihood = gpytorch.likelihoods.GaussianLikelihood().double()
+    likelihood.noise = model.noise_
+
+    class GP(gpytorch.models.ExactGP):
+        def __init__(self):
+            super().__init__(X, y, likelihood)
+            self.mean_module = gpytorch.means.ConstantMean()
+            self.covar_module = model.kernel_
+
+        def forward(self, x):
+            return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+    gp = GP().double()
+    gp.mean_module.constant.data.fill_(float(model.mean_[0]))
+    gp.eval()
+    Xq = X[:30] + 0.05
+    with torch.no_grad():
+        assert torch.allclose(gp(Xq).mean, model.predict(Xq), rtol=1e-8, atol=1e-10)
+
+
+def test_classifier_learns_on_its_encoded_targets():
+    gen = torch.Generator().manual_seed(9)
+    X = torch.rand(200, 2, generator=gen, dtype=torch.float64) * 4 - 2
+    labels = np.where((X[:, 0] ** 2 + X[:, 1] ** 2).numpy() < 1.5, "in", "out")
+    clf = kgp.KernelClassifier("rbf", learn="exact", learn_options={"iterations": 20}).fit(X, labels)
+    assert len(clf.learn_history_) == 20 and clf.learn_history_[-1] < clf.learn_history_[0]
+    assert clf.score(X, labels) > 0.95
