@@ -208,15 +208,12 @@ def model_needs_centers(name: str) -> bool:
     return bool(getattr(kgp.get_solver(name), "uses_centers", False))
 
 
-def _cmd_fit(args) -> int:
+def _estimator_from_args(args):
+    """The estimator ``kgp fit`` configures from its flags (the same for one process and under torchrun)."""
     import kgp
 
-    if getattr(args, "distributed", False):
-        return _cmd_fit_distributed(args)
-    data = read_data(args.data, args.target, want_target=True, header=args.header)
-    X = NamedColumns(data.X, data.names) if data.names is not None else data.X
     estimator = kgp.KernelClassifier if args.classify else kgp.KernelRegressor
-    model = estimator(
+    return estimator(
         args.kernel,
         lengthscale=args.lengthscale,
         noise=args.noise,
@@ -234,6 +231,15 @@ def _cmd_fit(args) -> int:
         ard=args.ard,
         normalize_y=args.normalize_y,
     )
+
+
+def _cmd_fit(args) -> int:
+
+    if getattr(args, "distributed", False):
+        return _cmd_fit_distributed(args)
+    data = read_data(args.data, args.target, want_target=True, header=args.header)
+    X = NamedColumns(data.X, data.names) if data.names is not None else data.X
+    model = _estimator_from_args(args)
     model.fit(X, data.y)
     try:
         model.save(args.out)
@@ -362,19 +368,7 @@ def _cmd_fit_distributed(args) -> int:
         dist.init_process_group("gloo", timeout=timedelta(seconds=kgp.settings.distributed_timeout.value()))
     rank, world = dist.get_rank(), dist.get_world_size()
     X, y = load_rows(args.data, args.target, rank, world)
-    model = kgp.KernelRegressor(
-        args.kernel,
-        lengthscale=args.lengthscale,
-        noise=args.noise,
-        solver=args.solver,
-        centers=args.centers,
-        n_centers=args.n_centers,
-        solver_options=_parse_options(args.option, "--option"),
-        selector_options=_parse_options(args.selector_option, "--selector-option"),
-        dtype=args.dtype,
-        random_state=args.seed,
-        progress=args.progress,
-    )
+    model = _estimator_from_args(args)  # --classify was refused above: a KernelRegressor
     model.fit(X, y, distributed=True)
     model.save(args.out)  # rank 0 writes
     if rank == 0:
