@@ -115,6 +115,7 @@ def sweep(sets, solvers, dtypes, hypers: dict) -> list[dict]:
                 except Exception as exc:  # a failure is a result of the sweep, not the end of it
                     row.update(rmse=float("nan"), fit_s=float("nan"), steps=0, reported=f"{type(exc).__name__}: {exc}")
                     traceback.print_exc()
+                row["load"] = os.getloadavg()[0]
                 rows.append(row)
                 print(
                     f"  {name:13s} {solver:9s} {dname:8s} rmse {row['rmse']:.4f} fit {row['fit_s']:7.2f} s "
@@ -125,19 +126,23 @@ def sweep(sets, solvers, dtypes, hypers: dict) -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
-    ref = {r["set"]: r for r in rows if r["solver"] == "falkon" and r["dtype"] == "float64" and np.isfinite(r["rmse"])}
+    falkon = {(r["set"], r["dtype"]): r for r in rows if r["solver"] == "falkon" and np.isfinite(r["rmse"])}
     lines = [
         "| set | n | d | M | solver | dtype | test RMSE | RMSE / falkon f64 | fit s | time / falkon f64 | "
-        "iters | reported | warnings |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "time / falkon same dtype | iters | reported | warnings | load |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        base = ref.get(r["set"])
+        base = falkon.get((r["set"], "float64"))
+        same = falkon.get((r["set"], r["dtype"]))
         rr = r["rmse"] / base["rmse"] if base else float("nan")
         tr = r["fit_s"] / base["fit_s"] if base else float("nan")
+        ts = r["fit_s"] / same["fit_s"] if same else float("nan")
+        load = f"{r['load']:.1f}" if "load" in r else ""
         lines.append(
             f"| {r['set']} | {r['n']} | {r['d']} | {r['M']} | {r['solver']} | {r['dtype']} | {r['rmse']:.4f} | "
-            f"{rr:.3f} | {r['fit_s']:.2f} | {tr:.2f} | {r['steps']} | {r['reported']} | {r.get('warnings', '')} |"
+            f"{rr:.3f} | {r['fit_s']:.2f} | {tr:.2f} | {ts:.2f} | {r['steps']} | {r['reported']} | "
+            f"{r.get('warnings', '')} | {load} |"
         )
     return "\n".join(lines)
 
@@ -162,8 +167,31 @@ def main() -> None:
     ap.add_argument("--solvers", default=",".join(SOLVERS))
     ap.add_argument("--dtypes", default="float32,float64")
     ap.add_argument("--json", help="also write the rows here")
+    ap.add_argument(
+        "--combine",
+        nargs="+",
+        metavar="JSON",
+        help="build the table from rows written by earlier --json runs instead of fitting; a later file's row "
+        "replaces an earlier one for the same set, solver and dtype (to re-run one solver after a change)",
+    )
+    ap.add_argument("--header", default="", help="with --combine: the line written above the table")
     ap.add_argument("--write", action="store_true", help=f"write the table into {DOC.relative_to(ROOT)}")
     args = ap.parse_args()
+    if args.combine:
+        combined: dict = {}
+        for path in args.combine:
+            for row in json.loads(Path(path).read_text()):
+                combined[(row["set"], row["solver"], row["dtype"])] = row
+        order = {name: i for i, name in enumerate(uci.ALL_SETS)}
+        solver_order = {name: i for i, name in enumerate(SOLVERS)}
+        rows = sorted(
+            combined.values(), key=lambda r: (order.get(r["set"], 99), solver_order.get(r["solver"], 99), r["dtype"])
+        )
+        text = table(rows)
+        print(text)
+        if args.write:
+            write_doc(text, args.header or f"combined from {', '.join(Path(p).name for p in args.combine)}")
+        return
     sets = [s for s in args.sets.split(",") if s]
     hypers = uci.cached_hyperparameters(sets)
     header = (
