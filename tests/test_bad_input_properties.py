@@ -287,3 +287,36 @@ def test_a_raw_lapack_failure_in_a_plugin_becomes_a_clear_error(monkeypatch):
     message = str(info.value)
     assert message.startswith("ExactSolver: numerical failure (linalg.cholesky:") and "dtype='float64'" in message
     assert isinstance(info.value.__cause__, torch.linalg.LinAlgError)
+
+
+@pytest.mark.parametrize("fitted_before", [False, True])
+def test_ctrl_c_releases_the_fits_tensors_and_says_so(monkeypatch, fitted_before):
+    """The traceback of an interrupted fit (kept by notebooks) must not pin the solver's tensors."""
+    import gc
+    import weakref
+
+    import torch
+
+    X = np.random.default_rng(5).normal(size=(30, 2))
+    model = kgp.KernelRegressor(noise=0.1)
+    if fitted_before:
+        model.fit(X, X[:, 0])
+    before = model.predict(X) if fitted_before else None
+    held = []
+
+    def interrupted(problem):
+        workspace = torch.ones(1 << 20)  # a solver's buffer, alive in this frame when Ctrl-C arrives
+        held.append(weakref.ref(workspace))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(kgp.get_solver("exact"), "fit", interrupted)
+    with pytest.raises(KeyboardInterrupt) as info:
+        model.fit(X, X[:, 1])
+    gc.collect()
+    assert held and held[0]() is None  # released although the exception and its traceback are alive
+    state = "keeps its previous fitted state" if fitted_before else "is left unfitted"
+    assert f"KernelRegressor.fit stopped (KeyboardInterrupt); the estimator {state}" in "".join(info.value.__notes__)
+    if fitted_before:
+        np.testing.assert_array_equal(model.predict(X), before)
+    else:
+        assert not hasattr(model, "predictor_")

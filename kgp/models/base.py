@@ -12,6 +12,7 @@ import contextlib
 import copy
 import inspect
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -260,10 +261,11 @@ class BaseKernelModel(SklearnProtocol):
         self
         """
         group = _dist.resolve_group(distributed)
-        if group is None:
-            return self._fit(X, y, validation_data, None)
-        with _dist.guarded(group) as channel:  # every rank's failure, validation included, reaches the others
-            return self._fit(X, y, validation_data, channel)
+        with _released_on_interrupt(self):
+            if group is None:
+                return self._fit(X, y, validation_data, None)
+            with _dist.guarded(group) as channel:  # every rank's failure, validation included, reaches the others
+                return self._fit(X, y, validation_data, channel)
 
     def _fit(self, X, y, validation_data, channel):
         """The one fit path; ``channel`` is None for a local fit, else the distributed fit's channel."""
@@ -704,6 +706,27 @@ def _check_device(device: Any) -> torch.device | None:
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device: {device!r} requested, but CUDA is not available to this torch ({torch.__version__})")
     return resolved
+
+
+@contextlib.contextmanager
+def _released_on_interrupt(model: Any) -> Iterator[None]:
+    """On Ctrl-C or CUDA out-of-memory, drop the fit's tensors now and say what state is kept.
+
+    The traceback of an interrupted fit holds every frame below ``fit``, with the kernel blocks,
+    preconditioner and data copies in their locals; a notebook keeps that traceback
+    (``sys.last_traceback``) until the next error, so the memory would stay taken. Clearing the
+    finished frames keeps the traceback's file and line information and frees the tensors.
+    """
+    try:
+        yield
+    except (KeyboardInterrupt, torch.cuda.OutOfMemoryError) as exc:
+        traceback.clear_frames(exc.__traceback__)
+        state = "keeps its previous fitted state" if hasattr(model, "predictor_") else "is left unfitted"
+        exc.add_note(
+            f"kgp: {type(model).__name__}.fit stopped ({type(exc).__name__}); the estimator {state}, and the "
+            "fit's tensors were released"
+        )
+        raise
 
 
 @contextlib.contextmanager
