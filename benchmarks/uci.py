@@ -22,6 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from kgp.datasets import standardized_split
+
 UCI = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "uci"
 CACHE = Path(__file__).resolve().parent / "uci_hyperparameters.json"
 ALL_SETS = (
@@ -70,15 +72,7 @@ def load_split(name: str) -> Split:
         raise SystemExit(f"{path} not found (the shared data ship beside the checkout)")
     with gzip.open(path, "rt") as fh:
         raw = np.loadtxt(fh, delimiter=",")
-    X, y = raw[:, :-1], raw[:, -1]
-    perm = np.random.default_rng(0).permutation(X.shape[0])
-    n_train = int(0.8 * X.shape[0])
-    tr, te = perm[:n_train], perm[n_train:]
-    mu, sd = X[tr].mean(0), X[tr].std(0)
-    sd[sd == 0] = 1.0
-    ymu, ysd = y[tr].mean(), y[tr].std()
-    Xs, ys = (X - mu) / sd, (y - ymu) / ysd
-    return Split(name, Xs[tr], ys[tr], Xs[te], ys[te])
+    return Split(name, *standardized_split(raw[:, :-1], raw[:, -1]))
 
 
 def gpytorch_hyperparameters(split: Split, seed: int = 0) -> dict:

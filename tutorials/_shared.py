@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from kgp.datasets import standardized_split
+
 
 class DataMissing(FileNotFoundError):
     """The shared data set a tutorial needs is not on this machine."""
@@ -36,14 +38,7 @@ def uci_split(name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray
     """The seeded 80/20 split of benchmarks/uci.py, z-scored with training statistics (float64)."""
     with gzip.open(require(f"uci/{name}.csv.gz"), "rt") as fh:
         raw = np.loadtxt(fh, delimiter=",")
-    X, y = raw[:, :-1], raw[:, -1]
-    perm = np.random.default_rng(0).permutation(X.shape[0])
-    n_train = int(0.8 * X.shape[0])
-    tr, te = perm[:n_train], perm[n_train:]
-    mu, sd = X[tr].mean(0), X[tr].std(0)
-    sd[sd == 0] = 1.0
-    ymu, ysd = y[tr].mean(), y[tr].std()
-    return (X[tr] - mu) / sd, (y[tr] - ymu) / ysd, (X[te] - mu) / sd, (y[te] - ymu) / ysd
+    return standardized_split(raw[:, :-1], raw[:, -1])
 
 
 def pyplot():
