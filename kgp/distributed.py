@@ -246,6 +246,34 @@ class Shard:
             self.broadcast_(t)
         return True
 
+    def sum_floats(self, *values: float) -> list[float]:
+        """Sums over ranks of a few Python numbers (one float64 all-reduce): global losses and counts."""
+        t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self._device())
+        return [float(v) for v in self.all_reduce_(t).tolist()]
+
+    def local_rows(self, idx: Tensor) -> tuple[Tensor, Tensor]:
+        """Which of the global row numbers ``idx`` this rank holds.
+
+        Returns ``(positions, rows)``: the positions in ``idx`` of the rows held here (ascending) and
+        their row numbers in this rank's ``X``. Every rank drawing the same ``idx`` from the shared
+        seed and taking its own rows is how a minibatch or a row sample of the global data is split.
+        """
+        local = idx - self.offset
+        mine = (local >= 0) & (local < self.n_local)
+        positions = mine.nonzero().reshape(-1)
+        return positions, local[positions]
+
+    def take_rows(self, X: Tensor, idx: Tensor) -> Tensor:
+        """Rows ``idx`` (global row numbers) of the global X on every rank: ``len(idx) x d``, one all-reduce.
+
+        Each rank fills in the rows it holds and zeros elsewhere, so the sum is exact (no rounding):
+        use it for small samples (centers, a few hundred rows for an estimate), never for the data.
+        """
+        out = torch.zeros(idx.numel(), *X.shape[1:], dtype=X.dtype, device=X.device)
+        positions, rows = self.local_rows(idx.to(X.device))
+        out[positions] = X[rows]
+        return self.all_reduce_(out)
+
     def _device(self) -> torch.device:
         return _device_for(self.channel.group)
 

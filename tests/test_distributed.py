@@ -186,6 +186,38 @@ def _sharded_operator_task(rank, world, counts):
         }
 
 
+# DSG: the default (least squares, all n points per step), least-squares minibatches (direct solve
+# and the CG path with a row-sampled preconditioner), and the plain gradient step (whose step size
+# estimate draws 240 global rows)
+DSG_CASES = {
+    "dsg": {},
+    "dsg_batch": {"batch_size": 70, "passes": 3},
+    # ridge 1e-2: at the default ridge (~1e-4 here) the CG path's truncated solve (relative residual
+    # 1e-3) is ill-conditioned enough that any last-bit change, the ranks' summation order or a 1e-15
+    # perturbation of the features in one process alike, moves its iteration count and the block by
+    # ~5e-4 (measured); with a well-conditioned block the sums over ranks give the one-process result
+    "dsg_cg": {"batch_size": 120, "gram_rows": 40, "passes": 2, "ridge": 1e-2},
+    "dsg_gradient": {"update": "gradient", "batch_size": 50, "passes": 3},
+}
+
+
+def _dsg_model(opts):
+    return kgp.KernelRegressor(
+        "rbf", lengthscale=1.0, noise=1e-2, solver="dsg", random_state=7, solver_options=dict(opts)
+    )
+
+
+def _dsg_task(rank, world, counts, case):
+    Xr, yr = _split(counts)[rank]
+    model = _dsg_model(DSG_CASES[case]).fit(Xr, yr, distributed=True)
+    X, _ = _data()
+    return {
+        "coef": model.predictor_.coef.clone(),
+        "pred": model.predict(X[:50]),
+        "losses": [h.extras["train_mse"] for h in model.history_],
+    }
+
+
 class _PlainCG:
     """A third-party-style solver: plain CG on the Nystrom system through ``problem.kernel_operator`` only.
 
@@ -260,6 +292,7 @@ def two_ranks(tmp_path_factory):
         ("save", "_save_task", (str(tmp / "model.kgp"),)),
         ("float32", "_fit_task", ([130, 110], {"dtype": "float32"})),
         ("plain_cg", "_plain_cg_task", ([130, 110],)),
+        *((f"{case}", "_dsg_task", ([130, 110], case)) for case in DSG_CASES),
     ]
     return _spawn(2, "_suite_task", tmp, plan), tmp / "model.kgp"
 
@@ -271,6 +304,7 @@ def three_ranks(tmp_path_factory):
         ("even", "_fit_task", ([80, 80, 80], {})),
         ("empty_rank", "_fit_task", ([0, 150, 90], {})),
         ("operator", "_sharded_operator_task", ([100, 0, 140],)),
+        *((f"{case}", "_dsg_task", ([0, 150, 90], case)) for case in DSG_CASES),
     ]
     return _spawn(3, "_suite_task", tmp, plan)
 
@@ -463,3 +497,29 @@ def test_cli_fit_under_torchrun_reads_own_rows(tmp_path):
     reference = _model(random_state=7).fit(X, y)
     ref = reference.predictor_.alpha
     assert float((model.predictor_.alpha - ref).abs().max() / ref.abs().max()) < 1e-8
+
+
+@pytest.fixture(scope="module")
+def dsg_single():
+    X, y = _data()
+    return {case: _dsg_model(opts).fit(X, y) for case, opts in DSG_CASES.items()}
+
+
+@pytest.mark.parametrize("case", list(DSG_CASES))
+@pytest.mark.parametrize("world", [2, 3])
+def test_dsg_matches_one_process(two_ranks, three_ranks, dsg_single, case, world):
+    """Same batches, same features, sums over ranks: the one-process model to rounding (float64).
+
+    2 ranks hold 130 / 110 rows, 3 ranks 0 / 150 / 90 (one rank without rows).
+    """
+    results = [res[case] for res in (two_ranks[0] if world == 2 else three_ranks)]
+    model = dsg_single[case]
+    X, _ = _data()
+    coef, pred = model.predictor_.coef, model.predict(X[:50])
+    losses = [h.extras["train_mse"] for h in model.history_]
+    for res in results:
+        assert "coef" in res, res
+        assert torch.equal(res["coef"], results[0]["coef"])  # identical on every rank
+        assert float((res["coef"] - coef).abs().max() / coef.abs().max()) < 1e-8
+        np.testing.assert_allclose(res["pred"], pred, rtol=0, atol=1e-8 * float(np.abs(pred).max()))
+        np.testing.assert_allclose(res["losses"], losses, rtol=1e-8)
