@@ -218,6 +218,24 @@ def _dsg_task(rank, world, counts, case):
     }
 
 
+# BLESS / BLESS-R centers for FALKON: the default path (early stop at n_centers) and a whole path
+# without n_centers (BLESS-R draws Bernoulli candidates over all n global rows). The whole paths use
+# noise 0.3 and q2 = 1 so that FALKON converges within maxiter on their 76-90 centers (at noise 1e-2
+# the ~180 centers leave a residual of 1e-5 after 60 iterations, where any rounding moves alpha)
+BLESS_CASES = {
+    "bless": {"centers": "bless"},
+    "bless_r": {"centers": "bless-r"},
+    "bless_full_path": {"centers": "bless", "n_centers": None, "noise": 0.3, "selector_options": {"q2": 1.0}},
+    "bless_r_full_path": {"centers": "bless-r", "n_centers": None, "noise": 0.3, "selector_options": {"q2": 1.0}},
+}
+
+
+def _bless_task(rank, world, counts, case):
+    Xr, yr = _split(counts)[rank]
+    model = _model(**BLESS_CASES[case]).fit(Xr, yr, distributed=True)
+    return {"centers": model.centers_.clone(), "alpha": model.predictor_.alpha.clone()}
+
+
 class _PlainCG:
     """A third-party-style solver: plain CG on the Nystrom system through ``problem.kernel_operator`` only.
 
@@ -288,11 +306,12 @@ def two_ranks(tmp_path_factory):
         ("uneven", "_fit_task", ([220, 20], {})),
         ("seedless", "_fit_task", ([120, 120], {"random_state": None})),
         ("exact", "_refusal_task", ({"solver": "exact"},)),
-        ("bless", "_refusal_task", ({"solver": "falkon", "centers": "bless"},)),
+        ("eigenpro", "_refusal_task", ({"solver": "eigenpro"},)),
         ("save", "_save_task", (str(tmp / "model.kgp"),)),
         ("float32", "_fit_task", ([130, 110], {"dtype": "float32"})),
         ("plain_cg", "_plain_cg_task", ([130, 110],)),
         *((f"{case}", "_dsg_task", ([130, 110], case)) for case in DSG_CASES),
+        *((f"{case}", "_bless_task", ([220, 20], case)) for case in BLESS_CASES),
     ]
     return _spawn(2, "_suite_task", tmp, plan), tmp / "model.kgp"
 
@@ -305,6 +324,7 @@ def three_ranks(tmp_path_factory):
         ("empty_rank", "_fit_task", ([0, 150, 90], {})),
         ("operator", "_sharded_operator_task", ([100, 0, 140],)),
         *((f"{case}", "_dsg_task", ([0, 150, 90], case)) for case in DSG_CASES),
+        *((f"{case}", "_bless_task", ([0, 150, 90], case)) for case in BLESS_CASES),
     ]
     return _spawn(3, "_suite_task", tmp, plan)
 
@@ -362,7 +382,7 @@ def test_sharded_operator_sums_over_ranks(three_ranks):
     "case, words",
     [
         ("exact", "solver 'exact' does not support distributed fitting"),
-        ("bless", "centers='bless' does not support distributed fitting"),
+        ("eigenpro", "solver 'eigenpro' does not support distributed fitting"),
     ],
 )
 def test_unsupported_plugins_refuse(two_ranks, case, words):
@@ -523,3 +543,19 @@ def test_dsg_matches_one_process(two_ranks, three_ranks, dsg_single, case, world
         assert float((res["coef"] - coef).abs().max() / coef.abs().max()) < 1e-8
         np.testing.assert_allclose(res["pred"], pred, rtol=0, atol=1e-8 * float(np.abs(pred).max()))
         np.testing.assert_allclose(res["losses"], losses, rtol=1e-8)
+
+
+@pytest.mark.parametrize("case", list(BLESS_CASES))
+@pytest.mark.parametrize("world", [2, 3])
+def test_bless_selects_the_one_process_centers(two_ranks, three_ranks, case, world):
+    """Draws over global row numbers from the shared seed: the same centers as one process, bit for bit.
+
+    2 ranks hold 220 / 20 rows, 3 ranks 0 / 150 / 90. The FALKON fit on them matches too.
+    """
+    X, y = _data()
+    model = _model(**BLESS_CASES[case]).fit(X, y)
+    alpha = model.predictor_.alpha
+    for res in (res[case] for res in (two_ranks[0] if world == 2 else three_ranks)):
+        assert "centers" in res, res
+        assert torch.equal(res["centers"], model.centers_)
+        assert float((res["alpha"] - alpha).abs().max() / alpha.abs().max()) < 1e-8
