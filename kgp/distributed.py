@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import pickle
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -306,6 +307,25 @@ def _gather_rows(channel: _Channel, values: Sequence[float], device: torch.devic
     return table
 
 
+def gather_objects(channel: _Channel, obj: Any) -> list[Any]:
+    """Every rank's ``obj`` (picklable, small: a class set), in rank order, on every rank.
+
+    Two bounded-time all-reduces: the pickled sizes, then a ``world_size x max size`` byte table
+    (each rank fills its own row, zeros elsewhere, so the sum is exact). Used for values that are
+    not numbers (class labels of any sortable type).
+    """
+    payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    device = _device_for(channel.group)
+    sizes = [int(s) for s in _gather_rows(channel, [len(payload)], device)[:, 0].tolist()]
+    table = torch.zeros(channel.world_size, max(sizes), dtype=torch.uint8, device=device)
+    table[channel.rank, : len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device)
+    if channel.world_size > 1:
+        # uint8 sums: each byte has exactly one non-zero contribution, so nothing wraps
+        channel.wait(dist.all_reduce(table, group=channel.group, async_op=True), "gathering labels")
+    # the ranks of one job trust each other (they already run the same code on shared data)
+    return [pickle.loads(table[r, :size].cpu().numpy().tobytes()) for r, size in enumerate(sizes)]
+
+
 @contextlib.contextmanager
 def guarded(group: Any, timeout: float | None = None) -> Iterator[_Channel]:
     """Open the channel of one distributed fit; an exception inside is recorded for the other ranks.
@@ -357,16 +377,35 @@ def _plain(v: float) -> str:
 
 
 class ShardedMonitor(Monitor):
-    """A :class:`kgp.Monitor` whose stop decision is shared: if one rank's callback stops, all stop.
+    """A :class:`kgp.Monitor` whose stop decision and validation metric are shared by all ranks.
 
-    Without this a callback that stops on one rank only (a time limit, a local validation metric)
-    would leave the other ranks waiting in the next pass. Costs one scalar all-reduce per iteration.
-    The validation metric, if any, is computed on this rank's own validation rows.
+    Stop: if one rank's callback stops, all stop. Without this a callback that stops on one rank
+    only (a time limit) would leave the other ranks waiting in the next pass. Costs one scalar
+    all-reduce per iteration.
+
+    Validation: each rank may hold its own validation rows (or none); the metric reported on every
+    rank is that of all ranks' validation rows together, ``sum_r n_r m_r / sum_r n_r`` with ``m_r``
+    the metric on rank r's ``n_r`` rows: exact for a metric that is a mean over rows (the built-in
+    mean squared error and error rate). One more all-reduce of two numbers per iteration.
     """
 
     def __init__(self, shard: Shard, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.shard = shard
+        # every rank must join the metric's all-reduce, ranks without validation rows included
+        self._validation_anywhere = shard.any(self.validation is not None)
+
+    @property
+    def wants_predictor(self) -> bool:
+        return self._validation_anywhere
+
+    def _validation_metric(self, predictor) -> float | None:
+        if not self._validation_anywhere:
+            return None
+        rows = 0 if self.validation is None or predictor is None else self.validation[0].shape[0]
+        local = super()._validation_metric(predictor) if rows else 0.0
+        weighted, total = self.shard.sum_floats(local * rows, rows)
+        return weighted / total if total else None
 
     def step(self, iteration: int, predictor=None, **extras: Any) -> bool:
         return self.shard.any(super().step(iteration, predictor, **extras))

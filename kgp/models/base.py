@@ -235,6 +235,12 @@ class BaseKernelModel(SklearnProtocol):
         """Targets of ``fit`` as an ``n x k`` tensor, and the fitted attributes they define."""
         raise NotImplementedError
 
+    def _encode_sharded_targets(self, y: Any, X: Tensor, channel: Any) -> tuple[Tensor, dict[str, Any]]:
+        """As :meth:`_encode_fit_targets` for this rank's rows of a distributed fit (``channel``:
+        :func:`kgp.distributed.guarded`); a subclass whose encoding depends on all rows (the class set)
+        overrides it."""
+        return self._encode_fit_targets(y, X)
+
     def _encode_targets(self, y: Any, name: str, X: Tensor, targets: dict[str, Any]) -> Tensor:
         """Targets given later (e.g. ``validation_data``), encoded like the fitted ones in ``targets``."""
         raise NotImplementedError
@@ -272,7 +278,10 @@ class BaseKernelModel(SklearnProtocol):
             _check_distributed_plugins(setup, self.solver)
         feature_names = feature_names_of(X)
         Xt = to_tensor(X, "X", ndim=(2,), dtype=setup.dtype, device=setup.device, allow_empty=channel is not None)
-        Y, targets = self._encode_fit_targets(y, Xt)
+        if channel is None:
+            Y, targets = self._encode_fit_targets(y, Xt)
+        else:
+            Y, targets = self._encode_sharded_targets(y, Xt, channel)
         if Y.shape[0] != Xt.shape[0]:
             raise ValueError(f"X and y: expected the same number of samples, got {Xt.shape[0]} and {Y.shape[0]}")
         validation = self._validation(validation_data, Xt, targets)
