@@ -307,6 +307,55 @@ def _gather_rows(channel: _Channel, values: Sequence[float], device: torch.devic
     return table
 
 
+def differentiable_sum(shard: Shard, compute: Any, inputs: Sequence[Tensor]) -> tuple[Tensor, ...]:
+    """The tensors ``compute()`` returns, summed over the ranks, differentiable w.r.t. ``inputs``.
+
+    For losses that are replicated functions of row sums, ``f(theta, sum_r s_r(theta))`` (the SGPR
+    bound: ``K_nM^T K_nM``, ``K_nM^T r``, ``r^T r``, ``tr K_nn``): every rank computes ``f`` on the
+    summed values, and the gradient ``df/dtheta`` must include every rank's ``ds_r/dtheta``. The
+    backward pass therefore computes this rank's vector-Jacobian product ``(ds_r/dtheta)^T g`` and
+    all-reduces it (one collective, flattened), so that ``loss.backward()`` leaves the full, identical
+    gradient on every rank. (A plain all-reduce in the graph would leave each rank with its own rows'
+    part only; summing the parameters' gradients afterwards would count the replicated terms of
+    ``f`` ``world_size`` times.)
+
+    Parameters
+    ----------
+    shard:
+        The fit's shard.
+    compute:
+        ``compute() -> tuple of tensors``: this rank's partial sums, a differentiable function of
+        ``inputs`` (run with autograd on).
+    inputs:
+        The leaves to differentiate (those without ``requires_grad`` are ignored).
+    """
+    targets = [t for t in inputs if t.requires_grad]
+    return _SumOverRanks.apply(shard, compute, targets, *targets)
+
+
+class _SumOverRanks(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, shard, compute, targets, *inputs):
+        with torch.enable_grad():
+            local = tuple(compute())
+        ctx.shard, ctx.local, ctx.targets = shard, local, targets
+        return tuple(shard.all_reduce_(t.detach().clone()) for t in local)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        pairs = [(t, g) for t, g in zip(ctx.local, grads) if g is not None and t.requires_grad]
+        got: Sequence[Tensor | None] = [None] * len(ctx.targets)
+        if pairs and ctx.targets:
+            outs, gs = zip(*pairs)
+            got = torch.autograd.grad(outs, ctx.targets, gs, allow_unused=True)
+        parts = [torch.zeros_like(x) if g is None else g for x, g in zip(ctx.targets, got)]
+        if parts:  # every rank's part of the gradient, summed: one all-reduce
+            flat = ctx.shard.all_reduce_(torch.cat([p.reshape(-1) for p in parts]))
+            parts = [v.view_as(p) for v, p in zip(flat.split([p.numel() for p in parts]), parts)]
+        ctx.local = None
+        return (None, None, None, *parts)
+
+
 def gather_objects(channel: _Channel, obj: Any) -> list[Any]:
     """Every rank's ``obj`` (picklable, small: a class set), in rank order, on every rank.
 
