@@ -115,7 +115,13 @@ def _fit_task(rank, world, counts, kw):
     Xr, yr = _split(counts)[rank]
     model = _model(**kw).fit(Xr, yr, distributed=True)
     X, _ = _data()
+    try:
+        model.predict(X[:5], return_std=True)
+        std_error = None
+    except ValueError as exc:
+        std_error = str(exc)
     return {
+        "std_error": std_error,
         "alpha": model.predictor_.alpha.clone(),
         "centers": model.centers_.clone(),
         "pred": model.predict(X[:50]),
@@ -730,3 +736,9 @@ def test_exact_learning_without_subset_refuses(two_ranks):
     for res in (r["exact_whole"] for r in two_ranks[0]):
         assert res["error"] == "ValueError", res
         assert "needs learn_options={'subset': S}" in res["message"]
+
+
+def test_return_std_refused_after_a_distributed_fit(two_ranks):
+    """One rank's rows would give the Nystrom variance of the wrong data set: refused, not computed."""
+    for res in (r["even"] for r in two_ranks[0]):
+        assert "not supported after a distributed fit" in res["std_error"], res["std_error"]

@@ -544,6 +544,12 @@ class BaseKernelModel(SklearnProtocol):
                 raise RuntimeError(f"solver {name!r} declares exact_posterior but its predictor has no centers")
             self._variance = exact_factors(self.kernel_, points, self.noise_)
         elif self.centers_ is not None:
+            if getattr(self, "shard_", None) is not None:
+                # this rank's rows alone would give a variance of the wrong data set, silently
+                raise ValueError(
+                    f"return_std=True: not supported after a distributed fit (solver {name!r}): the Nystrom "
+                    "variance needs K_Mn K_nM summed over all ranks' rows, which the fit does not compute"
+                )
             if self._X_train is None:
                 raise ValueError(
                     f"return_std=True: the Nystrom variance of solver {name!r} needs one pass over the training "
