@@ -742,3 +742,25 @@ def test_return_std_refused_after_a_distributed_fit(two_ranks):
     """One rank's rows would give the Nystrom variance of the wrong data set: refused, not computed."""
     for res in (r["even"] for r in two_ranks[0]):
         assert "not supported after a distributed fit" in res["std_error"], res["std_error"]
+
+
+@pytest.mark.slow
+def test_cli_fit_classify_under_torchrun(tmp_path):
+    """``kgp fit --distributed --classify``: the classes of both ranks' rows, the one-process classifier."""
+    X, _ = _data()
+    labels = np.searchsorted(["high", "low", "mid"], _labels()).astype(np.float64)  # 0, 1, 2
+    np.save(tmp_path / "d.npy", np.column_stack([X, labels]))
+    out = tmp_path / "m.kgp"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_free_port())]
+    cmd += ["-m", "kgp", "fit", "--distributed", "--classify", "--data", str(tmp_path / "d.npy")]
+    cmd += ["--solver", "falkon", "--centers", "uniform", "--n-centers", str(M), "--seed", "7", "--out", str(out)]
+    cmd += ["--option", "maxiter=60", "--option", "tol=1e-13"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "KGP_DISTRIBUTED_TIMEOUT": str(int(GROUP_TIMEOUT))}
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=JOIN_DEADLINE, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "training accuracy on rank 0's 120 rows" in done.stdout
+    model = kgp.load(out)
+    reference = _classifier().fit(X, labels)
+    assert model.classes_.tolist() == [0.0, 1.0, 2.0]
+    scores, expected = model.decision_function(X[:50]), reference.decision_function(X[:50])
+    np.testing.assert_allclose(scores, expected, rtol=0, atol=1e-8 * float(np.abs(expected).max()))
