@@ -272,6 +272,17 @@ def _classifier_task(rank, world, counts):
     return {"classes": model.classes_, "scores": model.decision_function(X[:50]), "pred": model.predict(X[:50])}
 
 
+def _mixed_labels_task(rank, world):
+    """Rank 0 passes string labels, the others integers: refused on every rank, nothing converted."""
+    Xr, yr = _split([N // world] * world)[rank]
+    labels = np.where(yr > 0, "pos", "neg") if rank == 0 else (yr > 0).astype(np.int64)
+    try:
+        _classifier().fit(Xr, labels, distributed=True)
+    except Exception as exc:
+        return {"error": type(exc).__name__, "message": str(exc)}
+    return {"error": None}
+
+
 def _validation_split(counts):
     """Validation rows 200:240 of the data, split over the ranks as ``counts`` (one may get none)."""
     X, y = _data()
@@ -400,6 +411,7 @@ def two_ranks(tmp_path_factory):
         *((f"{case}", "_dsg_task", ([130, 110], case)) for case in DSG_CASES),
         *((f"{case}", "_bless_task", ([220, 20], case)) for case in BLESS_CASES),
         ("classifier", "_classifier_task", ([220, 20],)),
+        ("mixed_labels", "_mixed_labels_task", ()),
         *((f"{case}", "_gp_task", ([130, 110], case)) for case in GP_CASES),
         (
             "exact_whole",
@@ -764,3 +776,9 @@ def test_cli_fit_classify_under_torchrun(tmp_path):
     assert model.classes_.tolist() == [0.0, 1.0, 2.0]
     scores, expected = model.decision_function(X[:50]), reference.decision_function(X[:50])
     np.testing.assert_allclose(scores, expected, rtol=0, atol=1e-8 * float(np.abs(expected).max()))
+
+
+def test_classifier_refuses_labels_of_different_kinds(two_ranks):
+    for res in (r["mixed_labels"] for r in two_ranks[0]):
+        assert res["error"] == "ValueError", res
+        assert "class labels are of different kinds (rank 0: <U3, rank 1: int64)" in res["message"]

@@ -68,6 +68,11 @@ class KernelClassifier(BaseKernelModel):
         # the class set of all ranks' labels: each rank's distinct labels, gathered
         labels = _labels(y, "y", allow_empty=X.shape[0] == 0)
         per_rank = _dist.gather_objects(channel, np.unique(labels))
+        # numpy would turn numbers into strings when joining them with string labels: refuse instead
+        kinds = {_label_kind(c) for c in per_rank if c.size}
+        if len(kinds) > 1:
+            found = ", ".join(f"rank {r}: {c.dtype}" for r, c in enumerate(per_rank) if c.size)
+            raise ValueError(f"y: the ranks' class labels are of different kinds ({found}); use one label type")
         try:
             classes = np.unique(np.concatenate([c for c in per_rank if c.size]))
         except TypeError:
@@ -135,6 +140,13 @@ class KernelClassifier(BaseKernelModel):
     def score(self, X, y) -> float:
         """Accuracy."""
         return float(np.mean(self.predict(X) == _labels(y, "y")))
+
+
+def _label_kind(labels: np.ndarray) -> str:
+    """``"number"``, ``"text"`` or ``"object"``: label arrays of one kind can be joined without conversion."""
+    if labels.dtype.kind in "biuf":
+        return "number"
+    return "text" if labels.dtype.kind in "US" else "object"
 
 
 def _paired(scores: Tensor) -> Tensor:
