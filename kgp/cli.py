@@ -359,8 +359,6 @@ def _cmd_fit_distributed(args) -> int:
 
     from .shard_io import load_rows
 
-    if args.classify:
-        raise ValueError("--distributed: only regression is distributed so far (drop --classify)")
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         raise ValueError("--distributed: run under torchrun (it sets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)")
     created = not dist.is_initialized()
@@ -368,11 +366,12 @@ def _cmd_fit_distributed(args) -> int:
         dist.init_process_group("gloo", timeout=timedelta(seconds=kgp.settings.distributed_timeout.value()))
     rank, world = dist.get_rank(), dist.get_world_size()
     X, y = load_rows(args.data, args.target, rank, world)
-    model = _estimator_from_args(args)  # --classify was refused above: a KernelRegressor
+    model = _estimator_from_args(args)  # a KernelClassifier with --classify (classes gathered from all ranks)
     model.fit(X, y, distributed=True)
     model.save(args.out)  # rank 0 writes
     if rank == 0:
-        local = f"; training R2 on rank 0's {X.shape[0]} rows {model.score(X, y):.4f}" if X.shape[0] > 1 else ""
+        what = "accuracy" if args.classify else "R2"
+        local = f"; training {what} on rank 0's {X.shape[0]} rows {model.score(X, y):.4f}" if X.shape[0] > 1 else ""
         print(
             f"solver {args.solver}: fitted {model.shard_['n_total']} x {X.shape[1]} on {world} ranks in "
             f"{model.fit_time_:.3f} s{local}; saved to {args.out}"

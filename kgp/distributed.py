@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import pickle
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -246,6 +247,34 @@ class Shard:
             self.broadcast_(t)
         return True
 
+    def sum_floats(self, *values: float) -> list[float]:
+        """Sums over ranks of a few Python numbers (one float64 all-reduce): global losses and counts."""
+        t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self._device())
+        return [float(v) for v in self.all_reduce_(t).tolist()]
+
+    def local_rows(self, idx: Tensor) -> tuple[Tensor, Tensor]:
+        """Which of the global row numbers ``idx`` this rank holds.
+
+        Returns ``(positions, rows)``: the positions in ``idx`` of the rows held here (ascending) and
+        their row numbers in this rank's ``X``. Every rank drawing the same ``idx`` from the shared
+        seed and taking its own rows is how a minibatch or a row sample of the global data is split.
+        """
+        local = idx - self.offset
+        mine = (local >= 0) & (local < self.n_local)
+        positions = mine.nonzero().reshape(-1)
+        return positions, local[positions]
+
+    def take_rows(self, X: Tensor, idx: Tensor) -> Tensor:
+        """Rows ``idx`` (global row numbers) of the global X on every rank: ``len(idx) x d``, one all-reduce.
+
+        Each rank fills in the rows it holds and zeros elsewhere, so the sum is exact (no rounding):
+        use it for small samples (centers, a few hundred rows for an estimate), never for the data.
+        """
+        out = torch.zeros(idx.numel(), *X.shape[1:], dtype=X.dtype, device=X.device)
+        positions, rows = self.local_rows(idx.to(X.device))
+        out[positions] = X[rows]
+        return self.all_reduce_(out)
+
     def _device(self) -> torch.device:
         return _device_for(self.channel.group)
 
@@ -276,6 +305,74 @@ def _gather_rows(channel: _Channel, values: Sequence[float], device: torch.devic
     if channel.world_size > 1:
         channel.wait(dist.all_reduce(table, group=channel.group, async_op=True), "shard bookkeeping")
     return table
+
+
+def differentiable_sum(shard: Shard, compute: Any, inputs: Sequence[Tensor]) -> tuple[Tensor, ...]:
+    """The tensors ``compute()`` returns, summed over the ranks, differentiable w.r.t. ``inputs``.
+
+    For losses that are replicated functions of row sums, ``f(theta, sum_r s_r(theta))`` (the SGPR
+    bound: ``K_nM^T K_nM``, ``K_nM^T r``, ``r^T r``, ``tr K_nn``): every rank computes ``f`` on the
+    summed values, and the gradient ``df/dtheta`` must include every rank's ``ds_r/dtheta``. The
+    backward pass therefore computes this rank's vector-Jacobian product ``(ds_r/dtheta)^T g`` and
+    all-reduces it (one collective, flattened), so that ``loss.backward()`` leaves the full, identical
+    gradient on every rank. (A plain all-reduce in the graph would leave each rank with its own rows'
+    part only; summing the parameters' gradients afterwards would count the replicated terms of
+    ``f`` ``world_size`` times.)
+
+    Parameters
+    ----------
+    shard:
+        The fit's shard.
+    compute:
+        ``compute() -> tuple of tensors``: this rank's partial sums, a differentiable function of
+        ``inputs`` (run with autograd on).
+    inputs:
+        The leaves to differentiate (those without ``requires_grad`` are ignored).
+    """
+    targets = [t for t in inputs if t.requires_grad]
+    return _SumOverRanks.apply(shard, compute, targets, *targets)
+
+
+class _SumOverRanks(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, shard, compute, targets, *inputs):
+        with torch.enable_grad():
+            local = tuple(compute())
+        ctx.shard, ctx.local, ctx.targets = shard, local, targets
+        return tuple(shard.all_reduce_(t.detach().clone()) for t in local)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        pairs = [(t, g) for t, g in zip(ctx.local, grads) if g is not None and t.requires_grad]
+        got: Sequence[Tensor | None] = [None] * len(ctx.targets)
+        if pairs and ctx.targets:
+            outs, gs = zip(*pairs)
+            got = torch.autograd.grad(outs, ctx.targets, gs, allow_unused=True)
+        parts = [torch.zeros_like(x) if g is None else g for x, g in zip(ctx.targets, got)]
+        if parts:  # every rank's part of the gradient, summed: one all-reduce
+            flat = ctx.shard.all_reduce_(torch.cat([p.reshape(-1) for p in parts]))
+            parts = [v.view_as(p) for v, p in zip(flat.split([p.numel() for p in parts]), parts)]
+        ctx.local = None
+        return (None, None, None, *parts)
+
+
+def gather_objects(channel: _Channel, obj: Any) -> list[Any]:
+    """Every rank's ``obj`` (picklable, small: a class set), in rank order, on every rank.
+
+    Two bounded-time all-reduces: the pickled sizes, then a ``world_size x max size`` byte table
+    (each rank fills its own row, zeros elsewhere, so the sum is exact). Used for values that are
+    not numbers (class labels of any sortable type).
+    """
+    payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    device = _device_for(channel.group)
+    sizes = [int(s) for s in _gather_rows(channel, [len(payload)], device)[:, 0].tolist()]
+    table = torch.zeros(channel.world_size, max(sizes), dtype=torch.uint8, device=device)
+    table[channel.rank, : len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device)
+    if channel.world_size > 1:
+        # uint8 sums: each byte has exactly one non-zero contribution, so nothing wraps
+        channel.wait(dist.all_reduce(table, group=channel.group, async_op=True), "gathering labels")
+    # the ranks of one job trust each other (they already run the same code on shared data)
+    return [pickle.loads(table[r, :size].cpu().numpy().tobytes()) for r, size in enumerate(sizes)]
 
 
 @contextlib.contextmanager
@@ -329,16 +426,35 @@ def _plain(v: float) -> str:
 
 
 class ShardedMonitor(Monitor):
-    """A :class:`kgp.Monitor` whose stop decision is shared: if one rank's callback stops, all stop.
+    """A :class:`kgp.Monitor` whose stop decision and validation metric are shared by all ranks.
 
-    Without this a callback that stops on one rank only (a time limit, a local validation metric)
-    would leave the other ranks waiting in the next pass. Costs one scalar all-reduce per iteration.
-    The validation metric, if any, is computed on this rank's own validation rows.
+    Stop: if one rank's callback stops, all stop. Without this a callback that stops on one rank
+    only (a time limit) would leave the other ranks waiting in the next pass. Costs one scalar
+    all-reduce per iteration.
+
+    Validation: each rank may hold its own validation rows (or none); the metric reported on every
+    rank is that of all ranks' validation rows together, ``sum_r n_r m_r / sum_r n_r`` with ``m_r``
+    the metric on rank r's ``n_r`` rows: exact for a metric that is a mean over rows (the built-in
+    mean squared error and error rate). One more all-reduce of two numbers per iteration.
     """
 
     def __init__(self, shard: Shard, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.shard = shard
+        # every rank must join the metric's all-reduce, ranks without validation rows included
+        self._validation_anywhere = shard.any(self.validation is not None)
+
+    @property
+    def wants_predictor(self) -> bool:
+        return self._validation_anywhere
+
+    def _validation_metric(self, predictor) -> float | None:
+        if not self._validation_anywhere:
+            return None
+        rows = 0 if self.validation is None or predictor is None else self.validation[0].shape[0]
+        local = super()._validation_metric(predictor) if rows else 0.0
+        weighted, total = self.shard.sum_floats(local * rows, rows)
+        return weighted / total if total else None
 
     def step(self, iteration: int, predictor=None, **extras: Any) -> bool:
         return self.shard.any(super().step(iteration, predictor, **extras))

@@ -88,12 +88,7 @@ class Monitor:
         """
         if self._start is None:
             self.start()
-        metric = None
-        if self.validation is not None and predictor is not None:
-            current = predictor() if callable(predictor) and not hasattr(predictor, "predict") else predictor
-            X_val, y_val = self.validation
-            with torch.no_grad():
-                metric = float(self.metric(current.predict(X_val), y_val))
+        metric = self._validation_metric(predictor)
         info = IterationInfo(iteration, time.perf_counter() - self._start, metric, dict(extras))
         self.history.append(info)
         if self._bar is not None:
@@ -102,6 +97,15 @@ class Monitor:
                 self._bar.set_postfix(metric=f"{metric:.4g}")
         stop = bool(self.callback(info)) if self.callback is not None else False
         return stop
+
+    def _validation_metric(self, predictor) -> float | None:
+        """The metric on the validation data (None without them or without a predictor)."""
+        if self.validation is None or predictor is None:
+            return None
+        current = predictor() if callable(predictor) and not hasattr(predictor, "predict") else predictor
+        X_val, y_val = self.validation
+        with torch.no_grad():
+            return float(self.metric(current.predict(X_val), y_val))
 
     def close(self) -> None:
         if self._bar is not None:

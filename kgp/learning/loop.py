@@ -113,6 +113,7 @@ def learn_hyperparameters(
     options: dict[str, Any] | None = None,
     generator: torch.Generator | None = None,
     monitor: Monitor | None = None,
+    shard: Any = None,
 ) -> LearnResult:
     """Minimise the objective plugin ``objective`` over the kernel's hyperparameters, noise and mean.
 
@@ -137,6 +138,10 @@ def learn_hyperparameters(
     monitor:
         Receives one report per step (``extras``: ``stage="learn"``, ``objective``, ``noise``); the
         caller owns and closes it.
+    shard:
+        None, or a :class:`kgp.distributed.Shard`: X and y are this rank's rows; the objective must
+        declare ``supports_distributed = True`` and returns the same loss and gradient on every rank,
+        so every rank takes the same optimizer steps.
 
     Returns
     -------
@@ -151,6 +156,11 @@ def learn_hyperparameters(
         The objective became NaN or infinite; the message names the step and the hyperparameters.
     """
     obj = get_objective(objective)
+    if shard is not None and not getattr(obj, "supports_distributed", False):
+        raise ValueError(
+            f"learn={objective!r} does not support distributed fitting (distributed=True): the objective does not "
+            "declare supports_distributed = True. Use learn='sgpr', or learn='exact' with learn_options={'subset': S}"
+        )
     loop, obj_options = split_learn_options(objective, obj, options)
     Y = y.unsqueeze(-1) if y.dim() == 1 else y
     if getattr(obj, "uses_centers", False) and centers is None:
@@ -181,10 +191,11 @@ def learn_hyperparameters(
         centers=centers,
         options=obj_options,
         generator=generator if generator is not None else torch.Generator().manual_seed(0),
+        shard=shard,
     )
     monitor = monitor if monitor is not None else Monitor()
     history: list[float] = []
-    n = X.shape[0]
+    n = problem.n
 
     with torch.enable_grad():
         loss_fn = obj.prepare(problem)

@@ -35,6 +35,11 @@ class LearningProblem:
         The objective's options, merged with its ``option_defaults`` (the loop's own options removed).
     generator:
         Seeded CPU ``torch.Generator``: the only source of randomness.
+    shard:
+        None, or in a distributed fit (:mod:`kgp.distributed`) where this rank's rows of ``X`` and
+        ``y`` sit: ``n`` is then the global number of rows. Only objectives with
+        ``supports_distributed = True`` receive one (they sum their row sums over the ranks, e.g.
+        with :func:`kgp.distributed.differentiable_sum`).
     """
 
     X: Tensor
@@ -43,10 +48,12 @@ class LearningProblem:
     centers: Centers | None = None
     options: dict[str, Any] = field(default_factory=dict)
     generator: torch.Generator = field(default_factory=lambda: torch.Generator().manual_seed(0))
+    shard: Any = None
 
     @property
     def n(self) -> int:
-        return self.X.shape[0]
+        """Training rows (all ranks' rows in a distributed fit)."""
+        return self.X.shape[0] if self.shard is None else self.shard.n_total
 
     @property
     def n_outputs(self) -> int:

@@ -236,6 +236,12 @@ class BaseKernelModel(SklearnProtocol):
         """Targets of ``fit`` as an ``n x k`` tensor, and the fitted attributes they define."""
         raise NotImplementedError
 
+    def _encode_sharded_targets(self, y: Any, X: Tensor, channel: Any) -> tuple[Tensor, dict[str, Any]]:
+        """As :meth:`_encode_fit_targets` for this rank's rows of a distributed fit (``channel``:
+        :func:`kgp.distributed.guarded`); a subclass whose encoding depends on all rows (the class set)
+        overrides it."""
+        return self._encode_fit_targets(y, X)
+
     def _encode_targets(self, y: Any, name: str, X: Tensor, targets: dict[str, Any]) -> Tensor:
         """Targets given later (e.g. ``validation_data``), encoded like the fitted ones in ``targets``."""
         raise NotImplementedError
@@ -274,7 +280,10 @@ class BaseKernelModel(SklearnProtocol):
             _check_distributed_plugins(setup, self.solver)
         feature_names = feature_names_of(X)
         Xt = to_tensor(X, "X", ndim=(2,), dtype=setup.dtype, device=setup.device, allow_empty=channel is not None)
-        Y, targets = self._encode_fit_targets(y, Xt)
+        if channel is None:
+            Y, targets = self._encode_fit_targets(y, Xt)
+        else:
+            Y, targets = self._encode_sharded_targets(y, Xt, channel)
         if Y.shape[0] != Xt.shape[0]:
             raise ValueError(f"X and y: expected the same number of samples, got {Xt.shape[0]} and {Y.shape[0]}")
         validation = self._validation(validation_data, Xt, targets)
@@ -289,14 +298,8 @@ class BaseKernelModel(SklearnProtocol):
         seed = self._draw_seed()
         if shard is not None:  # random_state=None draws on every rank: rank 0's draw is the fit's seed
             seed = int(shard.broadcast_(torch.tensor([seed], dtype=torch.int64, device=shard._device())).item())
-            if self.learn is not None or self.normalize_y:
-                # both need statistics of all rows (the objective's sums, the targets' mean and scale)
-                raise ValueError(
-                    "learn / normalize_y: not supported in a distributed fit yet; learn the hyperparameters on "
-                    "one process (or a subset) and pass the learned kernel and noise"
-                )
         kernel = self._build_kernel(Xt.dtype, Xt.device, Xt.shape[1])
-        Y, scaling = _normalize(Y, self.normalize_y)
+        Y, scaling = _normalize(Y, self.normalize_y, shard)
         start = time.perf_counter()
         noise, mean, learn_history = float(self.noise), torch.zeros(Y.shape[1], dtype=Y.dtype, device=Y.device), []
         # the solver fits (y - shift) / scale - mean: validation predictions are mapped back before scoring
@@ -318,12 +321,15 @@ class BaseKernelModel(SklearnProtocol):
                     Y,
                     kernel,
                     noise=noise,
-                    mean=Y.mean(0),
+                    mean=_column_mean(Y, shard),
                     centers=centers,
                     options=setup.learn_options,
                     generator=torch.Generator().manual_seed(seed + 3),
                     monitor=monitor,
+                    shard=shard,
                 )
+                if shard is not None:  # the same steps on every rank; the checksum confirms it
+                    shard.replicate_([p.data for p in kernel.parameters()] + [learned.mean])
                 monitor.close()  # the solver's stage starts its own bar
                 noise, mean, learn_history = learned.noise, learned.mean, learned.history
                 shift["mean"] = mean
@@ -540,6 +546,12 @@ class BaseKernelModel(SklearnProtocol):
                 raise RuntimeError(f"solver {name!r} declares exact_posterior but its predictor has no centers")
             self._variance = exact_factors(self.kernel_, points, self.noise_)
         elif self.centers_ is not None:
+            if getattr(self, "shard_", None) is not None:
+                # this rank's rows alone would give a variance of the wrong data set, silently
+                raise ValueError(
+                    f"return_std=True: not supported after a distributed fit (solver {name!r}): the Nystrom "
+                    "variance needs K_Mn K_nM summed over all ranks' rows, which the fit does not compute"
+                )
             if self._X_train is None:
                 raise ValueError(
                     f"return_std=True: the Nystrom variance of solver {name!r} needs one pass over the training "
@@ -738,15 +750,27 @@ def _closing(monitor: Monitor) -> Iterator[Monitor]:
         monitor.close()
 
 
-def _normalize(Y: Tensor, normalize: bool) -> tuple[Tensor, dict[str, Tensor]]:
+def _column_mean(Y: Tensor, shard: _dist.Shard | None = None) -> Tensor:
+    """Mean of each column over all rows (all ranks' rows in a distributed fit: one all-reduce)."""
+    if shard is None:
+        return Y.mean(0)
+    return shard.all_reduce_(Y.sum(0)).div_(shard.n_total)
+
+
+def _normalize(Y: Tensor, normalize: bool, shard: _dist.Shard | None = None) -> tuple[Tensor, dict[str, Tensor]]:
     """scikit-learn's ``GaussianProcessRegressor(normalize_y=True)``: centre and scale each column.
 
     A constant column keeps the scale 1 (as scikit-learn does), so nothing is divided by zero.
+    Distributed: the mean and the standard deviation of all ranks' rows (two all-reduces of k
+    numbers: the sums, then the squared deviations from the global mean, as ``Tensor.std`` does).
     """
     if not normalize:
         return Y, {}
-    mean = Y.mean(0)
-    std = Y.std(0, correction=0)
+    mean = _column_mean(Y, shard)
+    if shard is None:
+        std = Y.std(0, correction=0)
+    else:
+        std = shard.all_reduce_((Y - mean).square().sum(0)).div_(shard.n_total).sqrt_()
     std = torch.where(std > 0, std, torch.ones_like(std))
     return (Y - mean) / std, {"y_train_mean": mean, "y_train_std": std}
 

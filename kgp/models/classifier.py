@@ -6,6 +6,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .. import distributed as _dist
 from .base import BaseKernelModel
 from .regressor import _numpy
 
@@ -36,26 +37,49 @@ class KernelClassifier(BaseKernelModel):
     _estimator_type = "classifier"
     _validation_metric = staticmethod(_error_rate)
 
-    def fit(self, X, y, *, validation_data=None) -> KernelClassifier:
+    def fit(self, X, y, *, validation_data=None, distributed=False) -> KernelClassifier:
         """Fit on ``X`` (n x d) and 1-D labels ``y`` (any sortable values).
 
         Parameters
         ----------
         validation_data:
             Optional ``(X_val, y_val)``; iterative solvers then report the validation error rate
-            to the callback after every iteration.
+            to the callback after every iteration (in a distributed fit: of all ranks' validation
+            rows together).
+        distributed:
+            ``True`` or a ``torch.distributed`` ProcessGroup: ``X``, ``y`` are this rank's rows and
+            every rank gets the model of all ranks' rows (docs/scaling-out.md). The classes are
+            those of all ranks' labels (a rank may lack some classes, or hold no rows). Default False.
 
         Returns
         -------
         self
         """
-        return super().fit(X, y, validation_data=validation_data)
+        return super().fit(X, y, validation_data=validation_data, distributed=distributed)
 
     def _encode_fit_targets(self, y, X: Tensor) -> tuple[Tensor, dict]:
         labels = _labels(y, "y")
         classes = np.unique(labels)
         if classes.shape[0] < 2:
             raise ValueError(f"y: expected at least 2 classes, got 1 class ({classes[0]!r})")
+        return _one_vs_all(labels, classes).to(device=X.device, dtype=X.dtype), {"classes_": classes}
+
+    def _encode_sharded_targets(self, y, X: Tensor, channel) -> tuple[Tensor, dict]:
+        # the class set of all ranks' labels: each rank's distinct labels, gathered
+        labels = _labels(y, "y", allow_empty=X.shape[0] == 0)
+        per_rank = _dist.gather_objects(channel, np.unique(labels))
+        # numpy would turn numbers into strings when joining them with string labels: refuse instead
+        kinds = {_label_kind(c) for c in per_rank if c.size}
+        if len(kinds) > 1:
+            found = ", ".join(f"rank {r}: {c.dtype}" for r, c in enumerate(per_rank) if c.size)
+            raise ValueError(f"y: the ranks' class labels are of different kinds ({found}); use one label type")
+        try:
+            classes = np.unique(np.concatenate([c for c in per_rank if c.size]))
+        except TypeError:
+            kinds = ", ".join(f"rank {r}: {c.dtype}" for r, c in enumerate(per_rank))
+            raise ValueError(f"y: the ranks' class labels are not mutually comparable ({kinds})") from None
+        if classes.shape[0] < 2:
+            raise ValueError(f"y: expected at least 2 classes over all ranks, got {classes.shape[0]}")
         return _one_vs_all(labels, classes).to(device=X.device, dtype=X.dtype), {"classes_": classes}
 
     def _encode_targets(self, y, name: str, X: Tensor, targets: dict) -> Tensor:
@@ -118,6 +142,13 @@ class KernelClassifier(BaseKernelModel):
         return float(np.mean(self.predict(X) == _labels(y, "y")))
 
 
+def _label_kind(labels: np.ndarray) -> str:
+    """``"number"``, ``"text"`` or ``"object"``: label arrays of one kind can be joined without conversion."""
+    if labels.dtype.kind in "biuf":
+        return "number"
+    return "text" if labels.dtype.kind in "US" else "object"
+
+
 def _paired(scores: Tensor) -> Tensor:
     """One score column per class: a single two-class score ``f`` becomes ``(-f, f)``."""
     return torch.cat([-scores, scores], dim=1) if scores.shape[1] == 1 else scores
@@ -127,8 +158,9 @@ def _softmax_of_scores(scores: Tensor) -> Tensor:
     return torch.softmax(_paired(scores).double(), dim=1)
 
 
-def _labels(y, name: str) -> np.ndarray:
-    """Check class labels: 1-D, non-empty, discrete (not continuous floats), mutually sortable."""
+def _labels(y, name: str, allow_empty: bool = False) -> np.ndarray:
+    """Check class labels: 1-D, non-empty (unless ``allow_empty``: a rank without rows), discrete
+    (not continuous floats), mutually sortable."""
     if y is None:
         raise ValueError(f"{name}: Expected array-like (array or non-string sequence), got None")
     arr = _numpy(y)
@@ -136,7 +168,7 @@ def _labels(y, name: str) -> np.ndarray:
         raise ValueError(f"{name}: expected 1-D class labels, got a column of shape {arr.shape}; use y.ravel()")
     if arr.ndim != 1:
         raise ValueError(f"{name}: expected 1-D class labels, got shape {arr.shape}")
-    if arr.shape[0] == 0:
+    if arr.shape[0] == 0 and not allow_empty:
         raise ValueError(f"{name}: expected a non-empty array")
     if arr.dtype.kind == "c":
         raise ValueError(f"{name}: complex class labels are not supported")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Any
 
 import gpytorch
 import torch
@@ -67,6 +68,7 @@ def bless(
     early_stop: bool = True,
     generator: torch.Generator | int | None = None,
     linalg_dtype: str = "float64",
+    shard: Any = None,
 ) -> BlessResult:
     """BLESS, Algorithm 1 of Rudi et al. (2018): leverage-score sampling with replacement.
 
@@ -105,15 +107,21 @@ def bless(
         ``torch.Generator`` (CPU) or int seed for every random draw; None: torch's default seed.
     linalg_dtype:
         ``"float64"`` (default) or ``"input"``: dtype of the |J| x |J| factorisation and solves.
+    shard:
+        None, or a :class:`kgp.distributed.Shard`: ``X`` is this rank's rows (possibly none) of a
+        row-sharded data set; every rank must call with the same arguments otherwise and gets the
+        centers one process would select from all rows (``indices`` are global row numbers).
 
     Returns
     -------
     BlessResult
     """
-    lam = _check_inputs(X, kernel, lam)
+    lam = _check_inputs(X, kernel, lam, allow_empty=shard is not None)
     options = parse_options("bless()", bless, q=q, t=t, q1=q1, q2=q2, early_stop=early_stop, linalg_dtype=linalg_dtype)
     draw_level = functools.partial(_bless_level, q1=options.pop("q1"))
-    return run_path("bless", X, kernel, lam, n_centers=n_centers, generator=generator, draw_level=draw_level, **options)
+    return run_path(
+        "bless", X, kernel, lam, n_centers=n_centers, generator=generator, draw_level=draw_level, shard=shard, **options
+    )
 
 
 def _bless_level(sweep: Sweep, level: Level, idx: Tensor, a: Tensor, *, q1: float) -> LevelDraw:
@@ -175,6 +183,7 @@ def bless_r(
     early_stop: bool = True,
     generator: torch.Generator | int | None = None,
     linalg_dtype: str = "float64",
+    shard: Any = None,
 ) -> BlessResult:
     """BLESS-R, Algorithm 2 of Rudi et al. (2018): leverage-score sampling without replacement.
 
@@ -196,7 +205,7 @@ def bless_r(
     early_stop:
         As in :func:`bless` (default True).
 
-    The other parameters are those of :func:`bless`. When ``p_{h,j} > beta_h`` the inclusion
+    The other parameters (``shard`` included) are those of :func:`bless`. When ``p_{h,j} > beta_h`` the inclusion
     probability ``p / beta`` is clipped at 1, so the realised probability (and the A entry) is
     ``min(p, beta)``.
 
@@ -205,7 +214,7 @@ def bless_r(
     BlessResult
         ``d_eff`` is the Horvitz-Thompson estimate ``sum_{U_H} l~(x, lam) / beta_H``.
     """
-    lam = _check_inputs(X, kernel, lam)
+    lam = _check_inputs(X, kernel, lam, allow_empty=shard is not None)
     options = parse_options(
         "bless_r()",
         bless_r,
@@ -218,7 +227,15 @@ def bless_r(
     )
     draw_level = functools.partial(_bless_r_level, score_lambda=options.pop("score_lambda"))
     return run_path(
-        "bless-r", X, kernel, lam, n_centers=n_centers, generator=generator, draw_level=draw_level, **options
+        "bless-r",
+        X,
+        kernel,
+        lam,
+        n_centers=n_centers,
+        generator=generator,
+        draw_level=draw_level,
+        shard=shard,
+        **options,
     )
 
 

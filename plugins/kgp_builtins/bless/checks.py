@@ -10,10 +10,12 @@ import torch
 from torch import Tensor
 
 
-def _check_inputs(X: Any, kernel: Any, lam: Any) -> float:
+def _check_inputs(X: Any, kernel: Any, lam: Any, *, allow_empty: bool = False) -> float:
+    """``lam`` as a float after checking X, kernel and lam (``allow_empty``: a rank of a distributed
+    selection may hold no rows)."""
     if not isinstance(X, Tensor):
         raise TypeError(f"X: expected a torch.Tensor (n x d), got {type(X).__name__}")
-    if X.dim() != 2 or X.shape[0] < 1:
+    if X.dim() != 2 or (X.shape[0] < 1 and not allow_empty):
         raise ValueError(f"X: expected a non-empty 2-D tensor (n x d), got shape {tuple(X.shape)}")
     if X.dtype not in (torch.float32, torch.float64):
         raise TypeError(f"X: expected dtype float32 or float64, got {X.dtype}")

@@ -49,12 +49,12 @@ LAM_OPTION = _positive(None, allow_none=True, help="sampling lambda (lambda_bles
 """The selectors' ``lam`` option (the functions take ``lam`` as their third argument)."""
 
 # keyword arguments that are not options: the selector passes them from the request
-_FROM_REQUEST = ("n_centers", "generator")
+_FROM_REQUEST = ("n_centers", "generator", "shard")
 
 
 def declared_options(function: Callable[..., Any]) -> dict[str, Option]:
     """The options of ``function`` (:func:`bless` or :func:`bless_r`): each keyword-only argument but
-    ``n_centers`` and ``generator``, declared with the function's default, in signature order."""
+    ``n_centers``, ``generator`` and ``shard``, declared with the function's default, in signature order."""
     return {
         name: _DECLARATIONS[name](parameter.default)
         for name, parameter in inspect.signature(function).parameters.items()

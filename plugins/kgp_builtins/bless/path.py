@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import gpytorch
 import torch
@@ -34,8 +35,10 @@ def _lambda_path(lam0: float, lam: float, q: float) -> list[float]:
     return [lam0 * (lam / lam0) ** (h / h_levels) for h in range(1, h_levels + 1)]
 
 
-def _kappa2(X: Tensor, kernel) -> float:
-    return float(kernel_operator(kernel, X).diagonal().max())
+def _kappa2(X: Tensor, kernel, shard: Any = None) -> float:
+    """``max_i K_ii`` over all rows (all ranks' rows in a distributed selection)."""
+    local = float(kernel_operator(kernel, X).diagonal().max()) if X.shape[0] else 0.0  # K_ii >= 0
+    return local if shard is None else float(shard.gather_rows([local]).max())
 
 
 @dataclass(frozen=True)
@@ -50,14 +53,17 @@ class Sweep:
     generator: torch.Generator
     work_dtype: torch.dtype
     kappa2: float
+    # distributed selection (kgp.distributed): X is this rank's rows; indices are global row numbers
+    shard: Any = None
 
     @property
     def n(self) -> int:
-        return self.X.shape[0]
+        """Rows of the data set (all ranks' rows in a distributed selection)."""
+        return self.X.shape[0] if self.shard is None else self.shard.n_total
 
     def estimator(self, indices: Tensor, a: Tensor, lam: float) -> _ScoreEstimator:
         """Eq. 3 at ``lam`` for the dictionary (J, A) = (indices, diag a)."""
-        return _ScoreEstimator(self.X, self.kernel, indices, a, lam, self.work_dtype)
+        return _ScoreEstimator(self.X, self.kernel, indices, a, lam, self.work_dtype, self.shard)
 
     def stops(self, level: Level, d_eff: float) -> bool:
         """Whether ``n_centers`` are drawn at this level: the last one, or with ``early_stop`` the first
@@ -108,21 +114,26 @@ def run_path(
     generator: torch.Generator | int | None,
     linalg_dtype: str,
     draw_level: DrawLevel,
+    shard: Any = None,
 ) -> BlessResult:
     """Walk the lambda path, calling ``draw_level(sweep, level, J_{h-1}, diag A_{h-1})`` at each level.
 
     ``name`` ("bless" / "bless-r") names the algorithm in errors. The other arguments are those of
     :func:`~.algorithms.bless`; ``lam`` and the options are already checked.
+
+    Distributed (``shard``): every random draw is over global row numbers from the shared generator,
+    so every rank walks the same path and draws the same centers as one process holding all rows;
+    the ranks only sum their rows' scores (:class:`~.scores._ScoreEstimator`) and ``max K_ii``.
     """
-    n = X.shape[0]
+    n = X.shape[0] if shard is None else shard.n_total
     n_centers = _check_n_centers(n_centers, n)
     gen = _as_generator(generator)
     work = _work_dtype(X, linalg_dtype)
     with torch.no_grad():
-        kappa2 = _kappa2(X, kernel)
+        kappa2 = _kappa2(X, kernel, shard)
         lam0 = kappa2 / min(t, 1.0)
         path = _lambda_path(lam0, lam, q)
-        sweep = Sweep(X, kernel, n_centers, early_stop, q2, gen, work, kappa2)
+        sweep = Sweep(X, kernel, n_centers, early_stop, q2, gen, work, kappa2, shard)
         idx = torch.empty(0, dtype=torch.long, device=X.device)
         a = torch.empty(0, dtype=work, device=X.device)
         levels: list[dict[str, float]] = []

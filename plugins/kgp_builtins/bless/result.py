@@ -53,8 +53,12 @@ class BlessResult:
     lambda_path: list[float]
     levels: list[dict[str, float]] = field(default_factory=list)
 
-    def to_centers(self, X: Tensor) -> Centers:
-        """Package as :class:`kgp.Centers` (points, D weights, indices, diagnostics)."""
+    def to_centers(self, X: Tensor, points: Tensor | None = None) -> Centers:
+        """Package as :class:`kgp.Centers` (points, D weights, indices, diagnostics).
+
+        ``points``: the center rows when ``X`` does not hold them all (a distributed selection);
+        default ``X[indices]``.
+        """
         info = {
             "leverage_scores": self.leverage_scores,
             "d_eff": self.d_eff,
@@ -63,7 +67,8 @@ class BlessResult:
             "counts": self.counts,
             "levels": list(self.levels),
         }
-        return Centers(points=X[self.indices], weights=self.weights, indices=self.indices, info=info)
+        points = X[self.indices] if points is None else points
+        return Centers(points=points, weights=self.weights, indices=self.indices, info=info)
 
 
 def center_weights(a: Tensor, n: int) -> Tensor:

@@ -9,6 +9,8 @@ n x n (the O(n^3) oracle of the tests is :func:`kgp_builtins.oracles.exact_lever
 
 from __future__ import annotations
 
+from typing import Any
+
 import gpytorch
 import torch
 from torch import Tensor
@@ -28,10 +30,14 @@ class _ScoreEstimator:
     ``K_{J,i}^T (K_{J,J} + lam n A)^{-1} K_{J,i} = ||L^{-1} A^{-1/2} K_{J,i}||^2``.
     """
 
-    def __init__(self, X: Tensor, kernel, idx: Tensor, a: Tensor, lam: float, work_dtype: torch.dtype):
-        self.X, self.kernel, self.work_dtype = X, kernel, work_dtype
-        self.lam_n = lam * X.shape[0]
-        self.XJ = X[idx]
+    def __init__(
+        self, X: Tensor, kernel, idx: Tensor, a: Tensor, lam: float, work_dtype: torch.dtype, shard: Any = None
+    ):
+        self.X, self.kernel, self.work_dtype, self.shard = X, kernel, work_dtype, shard
+        # distributed (shard, kgp.distributed): X holds this rank's rows; idx and the rows to score
+        # are global row numbers; n is the global n
+        self.lam_n = lam * (X.shape[0] if shard is None else shard.n_total)
+        self.XJ = X[idx] if shard is None else shard.take_rows(X, idx)
         self.chol = None
         if idx.numel() > 0:
             kjj = kernel_operator(kernel, self.XJ).to_dense().to(work_dtype)
@@ -48,8 +54,20 @@ class _ScoreEstimator:
             )
 
     def __call__(self, rows: Tensor) -> Tensor:
-        """Scores of ``X[rows]`` (in ``work_dtype``, on X's device)."""
-        xr = self.X[rows]
+        """Scores of ``X[rows]`` (in ``work_dtype``, on X's device).
+
+        Distributed: ``rows`` are global row numbers; each rank scores the ones it holds and one
+        all-reduce of the ``len(rows)`` scores (zeros elsewhere, so the sum is exact) gives every
+        rank all of them: 8 bytes per candidate, the only communication of a level.
+        """
+        if self.shard is None:
+            return self._scores(self.X[rows])
+        positions, local = self.shard.local_rows(rows)
+        out = torch.zeros(rows.numel(), dtype=self.work_dtype, device=self.X.device)
+        out[positions] = self._scores(self.X[local])
+        return self.shard.all_reduce_(out)
+
+    def _scores(self, xr: Tensor) -> Tensor:
         diag = kernel_operator(self.kernel, xr).diagonal().to(self.work_dtype)
         if self.chol is None:
             return diag / self.lam_n

@@ -20,6 +20,8 @@ class _BlessFamilySelector:
     from the request), with ``run``'s defaults (:func:`.options.declared_options`), plus ``lam``.
     """
 
+    supports_distributed = True  # every draw is over global row numbers (path.run_path)
+
     def __init__(self, name: str, run: Callable[..., BlessResult]):
         self.name = name
         self._run = run
@@ -35,9 +37,13 @@ class _BlessFamilySelector:
             request.lam if lam is None else lam,
             n_centers=request.n_centers,
             generator=request.generator,
+            shard=request.shard,
             **options,
         )
-        return result.to_centers(request.X)
+        if request.shard is None:
+            return result.to_centers(request.X)
+        # the centers' rows from the ranks that hold them (one exact all-reduce of M x d)
+        return result.to_centers(request.X, request.shard.take_rows(request.X, result.indices))
 
 
 BlessSelector = _BlessFamilySelector("bless", bless)

@@ -23,6 +23,7 @@ per iteration instead of the ``O(m r^2)`` of the full covariance.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -57,8 +58,21 @@ def _ridge_floor(A: Tensor, dtype: torch.dtype) -> float:
     return 10.0 * torch.finfo(dtype).eps * float(A.diagonal().mean().clamp_min(0.0))
 
 
+def _no_reduce(t: Tensor) -> Tensor:
+    return t
+
+
 def solve_block(
-    Phi: Tensor, resid: Tensor, rho: float, gram_rows: int, generator: torch.Generator, step: int
+    Phi: Tensor,
+    resid: Tensor,
+    rho: float,
+    gram_rows: int,
+    generator: torch.Generator,
+    step: int,
+    *,
+    batch_size: int | None = None,
+    positions: Tensor | None = None,
+    reduce: Callable[[Tensor], Tensor] = _no_reduce,
 ) -> tuple[Tensor, BlockSolve]:
     """Return ``a = (Phi^T Phi / m + rho I)^-1 Phi^T resid / m`` (``r x k``, float64) and how it was solved.
 
@@ -76,27 +90,37 @@ def solve_block(
         Draws the rows of the preconditioner.
     step:
         Step number, for error messages.
+    batch_size, positions, reduce:
+        Distributed fits (:mod:`kgp.distributed`): ``Phi`` and ``resid`` are this rank's rows of a
+        batch of ``batch_size`` points, at ``positions`` in the batch; ``reduce`` sums a tensor over
+        the ranks in place. The normal-equation sums ``Phi^T Phi`` and ``Phi^T resid`` (and CG's
+        ``Phi^T Phi v``) are the only things summed; the ``r x r`` solve is replicated. Defaults: the
+        whole batch is here.
     """
     m, r = Phi.shape
-    rhs = (Phi.T @ resid).to(torch.float64).div_(m)
+    if batch_size is not None:
+        m = batch_size
+    rhs = reduce((Phi.T @ resid).to(torch.float64)).div_(m)
     remedy = "pass a larger 'ridge' option, or float64 inputs"
     if m <= gram_rows:
         P = Phi.to(torch.float64)
-        A = P.T @ P
+        A = reduce(P.T @ P)
         A.div_(m)
         A.diagonal().add_(max(rho, _ridge_floor(A, Phi.dtype)))
         L = psd_cholesky(A, what=f"the covariance of step {step}'s features", remedy=remedy)
         return torch.cholesky_solve(rhs, L), BlockSolve("direct")
     rows = torch.randperm(m, generator=generator)[:gram_rows].to(Phi.device)
+    if positions is not None:  # the sampled batch positions this rank holds
+        rows = torch.isin(positions.to(Phi.device), rows).nonzero().reshape(-1)
     P = Phi[rows].to(torch.float64)
-    A = P.T @ P
+    A = reduce(P.T @ P)
     A.div_(gram_rows)
     rho = max(rho, _ridge_floor(A, Phi.dtype))
     A.diagonal().add_(rho)
     L = psd_cholesky(A, what=f"the covariance of step {step}'s features", remedy=remedy)
 
     def matvec(v: Tensor) -> Tensor:
-        out = (Phi.T @ (Phi @ v.to(Phi.dtype))).to(torch.float64).div_(m)
+        out = reduce((Phi.T @ (Phi @ v.to(Phi.dtype))).to(torch.float64)).div_(m)
         return out.add_(v, alpha=rho)
 
     # Preconditioned CG, one column per output (the scalars are per column).

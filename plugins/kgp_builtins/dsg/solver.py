@@ -185,6 +185,7 @@ class DSGSolver:
         ),
     }
     uses_centers = False
+    supports_distributed = True  # fit only; partial_fit is local (docs/scaling-out.md)
 
     def fit(self, problem: Problem) -> RandomFeatureExpansion:
         """Run Algorithm 1 for ``passes`` passes (or ``max_steps`` steps) over ``problem.X``."""
@@ -223,8 +224,10 @@ class DSGSolver:
         n = problem.n
         q = min(n, 512)
         idx = torch.randperm(n, generator=problem.generator)[:q].to(problem.device)
+        # distributed: the same q global rows on every rank (gathered by one exact all-reduce)
+        Xq = problem.X[idx] if problem.shard is None else problem.shard.take_rows(problem.X, idx)
         with torch.no_grad():
-            K = problem.kernel_operator(problem.X[idx]).to_dense().to(torch.float64)
+            K = problem.kernel_operator(Xq).to_dense().to(torch.float64)
             lam1 = largest_eigenvalue(K) / q
         s = sampler.outputscale
         return min(1.0 / (lam1 + s / m), r * m / (n * s))
@@ -235,7 +238,12 @@ class DSGSolver:
         X, Y = problem.X, problem.y
         if not X.is_floating_point():
             raise TypeError(f"X: expected a floating-point tensor, got {X.dtype}")
-        n, k = problem.n, problem.n_outputs
+        # n: rows of the global problem; the step loop draws global batches and each rank works on the
+        # rows it holds (n_here), summing the normal-equation sums, gradients and losses (_Sums)
+        n, k, n_here = problem.n, problem.n_outputs, problem.n_local
+        sums = _Sums(problem.shard)
+        if problem.shard is not None and previous is not None:
+            raise ValueError(f"{_OWNER}: partial_fit is not distributed; continue the model on one process")
         sampler = spectral_sampler(problem.kernel)
         update = opts["update"]
         if previous is not None:
@@ -274,7 +282,7 @@ class DSGSolver:
             n_seen = n
             gamma_max = None if opts["gamma_max"] == "auto" else opts["gamma_max"]
             # Centre the inputs: phases omega^T (x - mean) stay small (rounding, float32; checks.py).
-            shift = X.detach().to(torch.float64).mean(0) if n else None
+            shift = sums.tensor(X.detach().to(torch.float64).sum(0)).div_(n) if n else None
         steps_per_pass = math.ceil(n / m)
         n_new = passes * steps_per_pass
         if opts["max_steps"] is not None:
@@ -309,13 +317,13 @@ class DSGSolver:
             mode = "cache" if cache_cost <= recompute_cost else "recompute"
         F = None  # with the cache, f_t(X) = S * F
         if mode == "cache":
-            F = fmap.apply(X, C[:t_prev]) if t_prev else torch.zeros(n, k, dtype=X.dtype, device=X.device)
+            F = fmap.apply(X, C[:t_prev]) if t_prev else torch.zeros(n_here, k, dtype=X.dtype, device=X.device)
 
         amp = math.sqrt(2.0 * sampler.outputscale / r)
         d = X.shape[1]
         monitor = problem.monitor
         monitor.start(total=math.ceil(n_new / report_every), desc="dsg")
-        y_sq = float(Y.double().square().mean()) if Y.numel() else 0.0
+        y_sq = sums.floats(float(Y.double().square().sum()))[0] / (n * k) if n * k else 0.0
         if least_squares:
             remedy = "pass float64 inputs or a larger 'ridge' option"
         else:
@@ -343,13 +351,26 @@ class DSGSolver:
                     t += 1
                     done += 1
                     idx = perm[start : start + m]
+                    batch = idx.numel()
+                    full = batch == n
+                    # the batch positions of this rank's rows, and their rows in X (all of X when full)
+                    positions, idx = sums.batch(idx, full)
                     z, b = fmap.frequencies(sampler, range(t, t + 1), d, X)
                     if least_squares:
                         Phi_all = torch.addmm(b, U, z).cos_().mul_(amp)  # phi_t on every training point
-                        full = idx.numel() == n
                         Phi_b = Phi_all if full else Phi_all[idx]
                         resid = Y - F if full else Y[idx] - F[idx]
-                        a, _ = solve_block(Phi_b, resid, rho, opts["gram_rows"], problem.generator, t)
+                        a, _ = solve_block(
+                            Phi_b,
+                            resid,
+                            rho,
+                            opts["gram_rows"],
+                            problem.generator,
+                            t,
+                            batch_size=batch,
+                            positions=positions,
+                            reduce=sums.tensor,
+                        )
                         C[t - 1] = a.to(C.dtype)
                         trace.check_coefficients(C[t - 1], t)
                         F.addmm_(Phi_all, C[t - 1])
@@ -370,7 +391,7 @@ class DSGSolver:
                         resid = f_b - Y[idx]  # l'(f(x), y) = f(x) - y for l = (f - y)^2 / 2
                         sq_sum += float(resid.double().square().sum())
                         count += resid.numel()
-                        grad = Phi_b.T @ resid / idx.numel()  # r x k: the batch mean of l' phi_t(x_j)
+                        grad = sums.tensor(Phi_b.T @ resid) / batch  # r x k: the batch mean of l' phi_t(x_j)
                         shrink = 1.0 - gamma * nu
                         S *= shrink
                         if S == 0.0 or abs(S) < 1e-8:  # fold the scale in (rare: S decays like (t0 / t)^(theta nu))
@@ -384,8 +405,10 @@ class DSGSolver:
                             F.addmm_(Phi_all, C[t - 1])
                     if done % report_every == 0 or done == n_new:
                         if least_squares and m == n:
-                            loss = float((F.double() - Y.double()).square().mean())  # exact training loss
+                            # exact training loss
+                            loss = sums.floats(float((F.double() - Y.double()).square().sum()))[0] / (n * k)
                         else:
+                            sq_sum, count = sums.floats(sq_sum, count)
                             loss = sq_sum / max(count, 1)  # running minibatch loss since the last report
                         trace.add(loss, t)
                         if F is not None and math.ceil(done / report_every) == mid_report:
@@ -407,9 +430,44 @@ class DSGSolver:
                 # The movement of f on X; gradient runs keep the loss criterion, since their minibatch
                 # noise moves f by O(gamma) at every step even at the optimum.
                 F_end = F.double() * S
-                moved = float((F_end - F_mid).norm() / F_end.norm().clamp_min(1e-300))
+                diff_sq, end_sq = sums.floats(float((F_end - F_mid).square().sum()), float(F_end.square().sum()))
+                moved = math.sqrt(diff_sq) / max(math.sqrt(end_sq), 1e-300)
             more = " or features_per_step" if least_squares else " or use the default update"
             schedule["moved"] = trace.finish(
                 what=f"the run of {done} steps ({t * r} features)", remedy="raise the option passes" + more, moved=moved
             )
         return RandomFeatureExpansion(problem.kernel, C[:t] * S, seed, schedule, shift)
+
+
+class _Sums:
+    """The reductions of a distributed fit (``problem.shard``), identities in a local one.
+
+    A distributed run draws the same global permutation and features on every rank (the problem's
+    generator and the model seed are shared), so each step's batch is a set of global row numbers;
+    each rank computes its rows' part of every sum and the sums are added over the ranks. The
+    ``r x r`` solves, the coefficients and the step-size schedule are replicated.
+    """
+
+    def __init__(self, shard: Any):
+        self.shard = shard
+
+    def tensor(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` summed over the ranks (in place)."""
+        return t if self.shard is None else self.shard.all_reduce_(t)
+
+    def floats(self, *values: float) -> list[float]:
+        """Python numbers summed over the ranks."""
+        return list(values) if self.shard is None else self.shard.sum_floats(*values)
+
+    def batch(self, idx: torch.Tensor, full: bool) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """``(positions in the batch, rows of X)`` of this rank's part of the batch ``idx`` (global rows).
+
+        A full batch is all of this rank's rows in row order (the least-squares step uses ``Phi_all``
+        itself; a gradient is a sum, whatever the order), at their global row numbers.
+        """
+        if self.shard is None:
+            return None, idx
+        if full:
+            rows = torch.arange(self.shard.n_local, device=idx.device)
+            return rows + self.shard.offset, rows
+        return self.shard.local_rows(idx)

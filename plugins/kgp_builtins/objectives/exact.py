@@ -36,10 +36,18 @@ class ExactObjective:
         ),
     }
     uses_centers = False
+    # distributed: only with ``subset``, whose rows every rank gathers (it never holds all n rows)
+    supports_distributed = True
 
     def prepare(self, problem: LearningProblem) -> Callable[[Tensor, Tensor], Tensor]:
         options = kgp.merge_options("objective 'exact'", self.option_defaults, problem.options)
         n, subset = problem.n, options["subset"]
+        if problem.shard is not None and subset is None:
+            raise ValueError(
+                "objective 'exact' in a distributed fit needs learn_options={'subset': S}: it factors a dense "
+                "S x S kernel matrix of rows gathered on every rank, and the n rows of all ranks are never gathered; "
+                "or use learn='sgpr', whose sums are spread over the ranks"
+            )
         limit = settings.max_exact_size.value()
         size = n if subset is None else min(subset, n)
         if size > limit:
@@ -49,9 +57,12 @@ class ExactObjective:
                 f"kgp.settings.max_exact_size={limit}: pass learn_options={{'subset': {min(limit, 3000)}}}, use "
                 f"learn='sgpr', or raise the limit with kgp.settings.max_exact_size({size})"
             )
-        if size < n:
+        if size < n or problem.shard is not None:
             rows = torch.randperm(n, generator=problem.generator)[:size].to(problem.device)
-            X, Y = problem.X[rows], problem.y[rows]
+            if problem.shard is None:
+                X, Y = problem.X[rows], problem.y[rows]
+            else:  # global row numbers, the same on every rank: each rank fills in its own (exact sum)
+                X, Y = problem.shard.take_rows(problem.X, rows), problem.shard.take_rows(problem.y, rows)
         else:
             X, Y = problem.X, problem.y
         count = Y.numel()

@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 import kgp
+from kgp.distributed import differentiable_sum
 from kgp.learning import LearningProblem
 from kgp.linalg import psd_cholesky
 
@@ -49,6 +50,7 @@ class SGPRObjective:
         ),
     }
     uses_centers = True
+    supports_distributed = True  # the four row sums are summed over the ranks (differentiable_sum)
 
     def prepare(self, problem: LearningProblem) -> Callable[[Tensor, Tensor], Tensor]:
         options = kgp.merge_options("objective 'sgpr'", self.option_defaults, problem.options)
@@ -56,7 +58,7 @@ class SGPRObjective:
         if problem.centers is None:
             raise ValueError("objective 'sgpr' needs centers (inducing points)")
         Z = problem.centers.points.detach()
-        n, k = Y_all.shape
+        n, k = problem.n, Y_all.shape[1]  # n: all ranks' rows in a distributed fit
         m = Z.shape[0]
         eye = torch.eye(m, dtype=X_all.dtype, device=X_all.device)
         batch = options["batch_rows"]
@@ -68,10 +70,21 @@ class SGPRObjective:
                 # the n-row sums (A, b, r^T r, tr K) estimated without bias from a fresh row sample;
                 # the bound itself is then a (slightly biased) stochastic estimate: use Adam, not L-BFGS
                 rows = torch.randperm(n, generator=problem.generator)[:batch].to(X_all.device)
+                if problem.shard is not None:  # global row numbers: this rank's share of the sample
+                    rows = problem.shard.local_rows(rows)[1]
                 X, Y, scale = X_all[rows], Y_all[rows], n / batch
-            R = Y - mean
-            A, b = gram_products(problem.kernel, X, Z, R)
-            A, b = A * scale, b * scale
+
+            def row_sums() -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                R = Y - mean
+                A, b = gram_products(problem.kernel, X, Z, R)
+                return A, b, R.square().sum(), problem.kernel_operator(X).diagonal().sum()
+
+            if problem.shard is None:
+                A, b, r_sq, diag_sum = row_sums()
+            else:  # summed over the ranks, with every rank's part of the gradient
+                params = list(problem.kernel.parameters())
+                A, b, r_sq, diag_sum = differentiable_sum(problem.shard, row_sums, [*params, mean])
+            A, b, r_sq, diag_sum = A * scale, b * scale, r_sq * scale, diag_sum * scale
             kmm = problem.kernel_operator(Z).to_dense()
             L = psd_cholesky(
                 kmm,
@@ -89,9 +102,8 @@ class SGPRObjective:
                 remedy="raise learn_options['min_noise'] or use float64",
             )
             c = torch.linalg.solve_triangular(LB, torch.linalg.solve_triangular(L, b, upper=False), upper=False) / noise
-            diag_sum = problem.kernel_operator(X).diagonal().sum() * scale
             logdet = n * torch.log(noise) + 2.0 * torch.log(LB.diagonal()).sum()
-            quad = R.square().sum() * scale / noise - c.square().sum()
+            quad = r_sq / noise - c.square().sum()
             trace = (diag_sum - W.diagonal().sum()) / noise
             nll = 0.5 * (quad + k * (logdet + n * math.log(2 * math.pi) + trace))
             return nll / (n * k)
