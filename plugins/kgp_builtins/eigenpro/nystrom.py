@@ -28,6 +28,8 @@ from torch import Tensor
 
 from kgp.linalg import largest_eigenvalue
 
+from .budget import block_rows
+
 __all__ = [
     "KernelOpFactory",
     "NystromPreconditioner",
@@ -45,18 +47,22 @@ KernelOpFactory = Callable[[Tensor, Tensor], Any]
 EXACT_CURVATURE_POINTS = 3000
 
 
-def draw_subsamples(n: int, s: int, h: int, generator: torch.Generator, device) -> tuple[Tensor, Tensor, bool]:
+def draw_subsamples(
+    n: int, s: int, h: int, generator: torch.Generator, device, exact_cols: int | None = None
+) -> tuple[Tensor, Tensor, bool]:
     """Indices of the Nystrom subsample S (size s) and of a held-out sample H; ``exact`` when H is every point.
 
-    With ``n <= EXACT_CURVATURE_POINTS`` H is every point (curvature estimates are exact); otherwise H
-    is drawn from the points outside S (``min(h, n - s)`` of them), so that it sees the directions
-    the subsample did not.
+    With ``n <= EXACT_CURVATURE_POINTS`` H is every point (curvature estimates are exact), provided
+    the ``n x exact_cols`` block of the exact estimate (default ``n x n``) fits
+    ``kgp.settings.memory_budget``; otherwise H is drawn from the points outside S
+    (``min(h, n - s)`` of them), so that it sees the directions the subsample did not.
     """
     perm = torch.randperm(n, generator=generator)
     idx_s = perm[:s].to(device)
-    if n <= EXACT_CURVATURE_POINTS or n - s < 2:
+    fits = block_rows(exact_cols if exact_cols is not None else n) >= n
+    if (n <= EXACT_CURVATURE_POINTS and fits) or n - s < 2:
         return idx_s, torch.arange(n, device=device), True
-    return idx_s, perm[s : s + min(h, n - s)].to(device), False
+    return idx_s, perm[s : s + max(min(h, n - s), 2)].to(device), False
 
 
 @dataclass
