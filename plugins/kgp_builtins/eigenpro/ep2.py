@@ -19,6 +19,7 @@ from torch import Tensor
 from kgp.options import Option
 from kgp.plugin import KernelExpansion, Problem, merge_options
 
+from .budget import block_rows, kernel_diagonal
 from .iterates import EpochLog, TailAverage, checked_targets
 from .nystrom import (
     KernelOpFactory,
@@ -81,15 +82,20 @@ def ep2_epoch(
     """
     N = st.points.shape[0]
     perm = torch.randperm(N, generator=generator).to(st.points.device)
+    # rows of K(P_b, P) and K(P_b, P_S) per dense block, within kgp.settings.memory_budget
+    chunk = block_rows(max(N, st.pre.points.shape[0]))
     total = 0.0
     for start in range(0, N, st.batch):
         b = perm[start : start + st.batch]
         mb = b.shape[0]
-        g = _block(kop, st, b, st.points, b) @ theta - targets[b]
+        g = torch.cat([_block(kop, st, c, st.points, c) @ theta for c in b.split(chunk)]) - targets[b]
         total += float(g.pow(2).sum())
         lr = st.lr_scale * st.step(mb) / mb
         if st.pre.q > 0:
-            ks = _block(kop, st, b, st.pre.points, st.pos_in_s[b]).T @ g
+            ks = sum(
+                _block(kop, st, c, st.pre.points, st.pos_in_s[c]).T @ gc
+                for c, gc in zip(b.split(chunk), g.split(chunk), strict=True)
+            )
             theta.index_add_(0, st.pre.idx, st.pre.apply(ks), alpha=lr)
         theta[b] -= lr * g
         if after_step is not None:
@@ -109,11 +115,12 @@ def ep2_setup(
 ) -> EP2State:
     """Preconditioner (eq. 29-30 on ``K + shift I``), held-out curvature, critical batch and step."""
     N = points.shape[0]
-    idx_s, idx_h, exact = draw_subsamples(N, s, s, generator, points.device)
+    # held-out blocks K(H, P_S) and K(H, H) within the memory budget; the exact estimate is N x N
+    idx_s, idx_h, exact = draw_subsamples(N, s, min(s, block_rows(s)), generator, points.device)
     pre, Khs, Khh = nystrom_preconditioner(kop, points, idx_s, idx_h, exact, q, shift, white_noise=True)
     pos_in_s = torch.full((N,), -1, dtype=torch.long, device=points.device)
     pos_in_s[idx_s] = torch.arange(idx_s.shape[0], device=points.device)
-    diag = torch.cat([kop(c, c).to_dense().diagonal() for c in points.split(512)])
+    diag = kernel_diagonal(kop, points)
     # The map restricted to H: K'(H, H) - K'(H, S) Q_s K'(S, H) with K' = K + shift delta (both from
     # nystrom_preconditioner, shift included).
     M = Khh - Khs @ pre.apply(Khs.T) if pre.q > 0 else Khh

@@ -28,6 +28,7 @@ from kgp import settings
 from kgp.options import Option
 from kgp.plugin import KernelExpansion, Problem, merge_options
 
+from .budget import ITEMSIZE, block_rows, kernel_diagonal
 from .iterates import EpochLog, TailAverage, checked_targets
 from .nystrom import (
     KernelOpFactory,
@@ -77,10 +78,11 @@ class EigenPro3Solver:
         Z = Z.to(device=problem.device, dtype=problem.dtype)
         X, y = problem.X, checked_targets(problem)
         n, p = X.shape[0], Z.shape[0]
-        s, q = resolve_subsample(owner, n, opts["subsample_size"], opts["q"])
+        s, q = resolve_subsample(owner, n, opts["subsample_size"], opts["q"], model_spans_points=p >= n)
         projection = opts["projection"]
         if projection == "auto":
-            fits = p * p * Z.element_size() <= settings.memory_budget.value()
+            # K(Z, Z) is evaluated and factored in float64 whatever the input dtype
+            fits = p * p * ITEMSIZE <= settings.memory_budget.value()
             projection = "cholesky" if fits else "eigenpro2"
         s2, q2 = (None, None)
         if projection == "eigenpro2":
@@ -102,7 +104,9 @@ class EigenPro3Solver:
         monitor.start(total=opts["epochs"], desc=self.name)
         with torch.no_grad():
             setup_start = time.perf_counter()
-            idx_s, idx_h, exact = draw_subsamples(n, s, s, gen, X.device)
+            # held-out blocks K(Z, H) (p x h) and K(H, X_s) within the memory budget
+            h = min(s, block_rows(max(p, s)))
+            idx_s, idx_h, exact = draw_subsamples(n, s, h, gen, X.device, exact_cols=max(n, p))
             pre, _, _ = nystrom_preconditioner(kop, X, idx_s, idx_h, exact, q, sigma2, white_noise=False)
             # ZE = K(Z, X_s) E (p x q): the paper's C = K(Z, X_s) Q_s kept in factored form, O(p q).
             ZE = kop(Z, pre.points) @ pre.E if pre.q > 0 else Z.new_zeros(p, 0)
@@ -116,7 +120,7 @@ class EigenPro3Solver:
                 beta, lam_data, U = self._curvature(kop, X, Z, idx_h, exact, pre, ZE, proj, opts["correction"])
             else:
                 U = None
-                beta = float(kop(pre.points[:256], pre.points[:256]).to_dense().diagonal().max())
+                beta = float(kernel_diagonal(kop, pre.points).max())
                 lam_data = self._power_top(kop, X[idx_h], Z, pre, ZE, proj, opts["correction"], n / len(idx_h), gen)
             lam_top = lam_data + sigma2
             beta = beta + sigma2 / n

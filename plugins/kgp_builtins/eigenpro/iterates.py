@@ -111,7 +111,10 @@ class EpochLog:
             return
         last, rest = self.mse[-1], self.remaining()
         if zero_fixed_point:
-            far = self.last_gain() > 0 and last > RESIDUAL_THRESHOLD**2 * self.y_scale
+            # after one epoch nothing says where the residual is heading: a full-batch epoch (the critical
+            # batch m* = n under a strong preconditioner) reports the zero function's residual, gain 0
+            falling = self.last_gain() > 0 or len(self.mse) == 1
+            far = falling and last > RESIDUAL_THRESHOLD**2 * self.y_scale
             what = (
                 f"the residual of (K + noise I) alpha = y was still falling, at {(last / self.y_scale) ** 0.5:.2g} "
                 f"of rms(y) (converged: <= {RESIDUAL_THRESHOLD})"
