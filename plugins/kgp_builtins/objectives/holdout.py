@@ -10,10 +10,10 @@ hyperparameters are then chosen for the predictor that is actually used.
 
 Rows are split once (``problem.generator``) into a fitting part T and a held-out part V. On T, with
 centers Z, ``r = y - m``, ``A = K_ZT K_TZ``, ``b = K_ZT r_T`` (streamed by :mod:`.gram`) and
-``L L^T = K_ZZ``, ``W = L^{-1} A L^{-T}``, ``L_B L_B^T = W + sigma^2 I``, the Nystrom mean at
-the held-out rows is (the same system FALKON solves, ``(A + sigma^2 K_ZZ) alpha = b``)::
+``L_S L_S^T = S = A + sigma^2 K_ZZ`` (the system FALKON solves), the Nystrom mean at the held-out
+rows is::
 
-    mu_V = P^T L_B^{-T} L_B^{-1} L^{-1} b,      P = L^{-1} K_ZV.
+    mu_V = H^T L_S^{-1} b,      H = L_S^{-1} K_ZV.
 
 ``score="mse"`` minimises ``mean (r_V - mu_V)^2``. It depends on sigma^2 and the outputscale only
 through their ratio (the solver's regularisation), so it leaves the overall scale where it started;
@@ -21,7 +21,7 @@ the scale matters only to ``return_std``. ``score="nlpd"`` minimises the held-ou
 predictive density with the SGPR / DTC predictive variance of the same model (Titsias 2009, eq. 6;
 Rasmussen & Williams 2006, eq. 8.27)::
 
-    v_i = sigma^2 + k(x_i, x_i) - ||P_i||^2 + sigma^2 ||L_B^{-1} P_i||^2,
+    v_i = sigma^2 + k(x_i, x_i) - ||P_i||^2 + sigma^2 ||H_i||^2,     P = L^{-1} K_ZV, L L^T = K_ZZ,
     NLPD = mean 1/2 log(2 pi v_i) + (r_i - mu_i)^2 / (2 v_i),
 
 which fixes the scale too (the variance kgp's ``predict(return_std=True, include_noise=True)``
@@ -84,33 +84,32 @@ class HoldoutObjective:
         hold, fit = perm[:n_hold], perm[n_hold:]
         X_t, Y_t, X_v, Y_v = problem.X[fit], problem.y[fit], problem.X[hold], problem.y[hold]
         Z = problem.centers.points.detach()
-        eye = torch.eye(Z.shape[0], dtype=problem.dtype, device=problem.device)
         nlpd = options["score"] == "nlpd"
 
         def loss(noise: Tensor, mean: Tensor) -> Tensor:
             A, b = gram_products(problem.kernel, X_t, Z, Y_t - mean)
             kzz = problem.kernel_operator(Z).to_dense()
+            # S = A + sigma^2 K_ZZ factored as it is, not whitened by K_ZZ's factor: with long lengthscales
+            # K_ZZ is numerically singular and L^{-1} A L^{-T} lost positive definiteness (measured on pol);
+            # rounding-level jitter if needed (this objective does not keep the noise away from min_noise)
+            LS = psd_cholesky(
+                A + noise * kzz,
+                what=f"objective 'holdout': K_ZT K_TZ + noise*K_ZZ with noise={float(noise.detach()):.6g}",
+                remedy="raise learn_options['min_noise'] or use float64",
+            )
+            kzv = problem.kernel_operator(Z, X_v).to_dense()
+            H = torch.linalg.solve_triangular(LS, kzv, upper=False)  # LS^{-1} K_ZV
+            c = torch.linalg.solve_triangular(LS, b, upper=False)
+            err = (Y_v - mean) - H.T @ c  # mu_V = K_VZ S^{-1} b
+            if not nlpd:
+                return err.square().mean()
             L = psd_cholesky(
                 kzz,
                 jitter=torch.finfo(kzz.dtype).eps * float(kzz.detach().diagonal().mean()),
                 what="objective 'holdout': K_ZZ of the centers",
                 remedy="use fewer or better-spread centers, or float64",
             )
-            W = torch.linalg.solve_triangular(L, torch.linalg.solve_triangular(L, A, upper=False).T, upper=False)
-            W = 0.5 * (W + W.T)  # L^{-1} A L^{-T}, symmetric up to rounding
-            # W carries the rounding of L^{-1} (K_ZZ is often ill-conditioned) and this objective, unlike
-            # the likelihoods, does not keep the noise away from min_noise: rounding-level jitter if needed
-            LB = psd_cholesky(
-                W + noise * eye,
-                what=f"objective 'holdout': W + noise*I with noise={float(noise.detach()):.6g}",
-                remedy="raise learn_options['min_noise'] or use float64",
-            )
-            P = torch.linalg.solve_triangular(L, problem.kernel_operator(Z, X_v).to_dense(), upper=False)
-            H = torch.linalg.solve_triangular(LB, P, upper=False)  # L_B^{-1} P
-            c = torch.linalg.solve_triangular(LB, torch.linalg.solve_triangular(L, b, upper=False), upper=False)
-            err = (Y_v - mean) - H.T @ c  # mu_V = P^T L_B^{-T} c = H^T c
-            if not nlpd:
-                return err.square().mean()
+            P = torch.linalg.solve_triangular(L, kzv, upper=False)
             diag = problem.kernel_operator(X_v).diagonal()
             var = noise + (diag - P.square().sum(0)).clamp_min(0.0) + noise * H.square().sum(0)
             var = var.unsqueeze(-1)
