@@ -45,6 +45,11 @@ from kgp.linalg import psd_cholesky
 
 from .gram import gram_products
 
+# first jitter (relative to the mean diagonal) tried when the centers' kernel matrix fails to factor,
+# growing tenfold up to 1e-5: at the rounding level (eps) six tries were not enough for K_ZZ on pol
+# with long lengthscales (numerically singular, M = 500); added only on failure, with a NumericalWarning
+_KZZ_JITTER = 1e-10
+
 
 class HoldoutObjective:
     """Held-out MSE or NLPD of the Nystrom predictor on the model's centers (Meanti et al. 2022)."""
@@ -105,7 +110,7 @@ class HoldoutObjective:
                 return err.square().mean()
             L = psd_cholesky(
                 kzz,
-                jitter=torch.finfo(kzz.dtype).eps * float(kzz.detach().diagonal().mean()),
+                jitter=_KZZ_JITTER * float(kzz.detach().diagonal().mean()),
                 what="objective 'holdout': K_ZZ of the centers",
                 remedy="use fewer or better-spread centers, or float64",
             )

@@ -36,6 +36,11 @@ from kgp.linalg import psd_cholesky
 
 from .gram import gram_products
 
+# first jitter (relative to the mean diagonal) tried when the centers' kernel matrix fails to factor,
+# growing tenfold up to 1e-5: at the rounding level (eps) six tries were not enough for K_ZZ on pol
+# with long lengthscales (numerically singular, M = 500); added only on failure, with a NumericalWarning
+_KZZ_JITTER = 1e-10
+
 
 class SGPRObjective:
     """Titsias' collapsed SGPR bound on the model's centers (negated, per data point)."""
@@ -75,7 +80,7 @@ class SGPRObjective:
             kmm = problem.kernel_operator(Z).to_dense()
             L = psd_cholesky(
                 kmm,
-                jitter=torch.finfo(kmm.dtype).eps * float(kmm.detach().diagonal().mean()),
+                jitter=_KZZ_JITTER * float(kmm.detach().diagonal().mean()),
                 what="objective 'sgpr': K_MM of the centers",
                 remedy="use fewer or better-spread centers, or float64",
             )
