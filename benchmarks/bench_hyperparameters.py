@@ -95,7 +95,7 @@ def reference(split: uci.Split, seed: int) -> dict:
     }
 
 
-def kgp_run(split: uci.Split, learn: str, args, seed: int) -> dict:
+def kgp_run(split: uci.Split, learn: str, args, seed: int, objective: str = "sgpr") -> dict:
     """(b) / (c): learn with kgp, then FALKON with the learned kernel, noise and mean."""
     start = time.perf_counter()
     init = {}
@@ -105,10 +105,12 @@ def kgp_run(split: uci.Split, learn: str, args, seed: int) -> dict:
         init["lengthscale"] = float(args.init_lengthscale)
     if learn == "b":
         options = {"optimizer": args.learn_optimizer, "iterations": args.learn_iterations}
+        if objective == "holdout-mse":
+            objective, options = "holdout", {**options, "score": "mse"}
         learner = kgp.KernelRegressor(
             "rbf",
             ard=True,
-            learn=args.learn_objective,
+            learn=objective,
             noise=0.1,
             solver="falkon",
             n_centers=args.learn_centers,
@@ -156,7 +158,11 @@ def kgp_run(split: uci.Split, learn: str, args, seed: int) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sets", default=",".join(SETS))
-    parser.add_argument("--learn-objective", default="sgpr", help="objective of (b): sgpr or holdout")
+    parser.add_argument(
+        "--learn-objective",
+        default="sgpr",
+        help="objective(s) of (b), comma-separated (sgpr, holdout, holdout-mse): runs b, b2, ...",
+    )
     parser.add_argument("--learn-centers", type=int, default=500, help="centers of (b)'s objective")
     parser.add_argument("--learn-iterations", type=int, default=50, help="objective evaluations of (b)")
     parser.add_argument("--learn-optimizer", default="lbfgs", help="optimizer of (b): lbfgs or adam")
@@ -194,7 +200,8 @@ def main(argv=None) -> int:
                 cache[name] = results["a"]
                 cache_path.write_text(json.dumps(cache, indent=1, sort_keys=True) + "\n")
         if "b" not in skip:
-            results["b"] = kgp_run(split, "b", args, args.seed)
+            for i, objective in enumerate(args.learn_objective.split(",")):
+                results["b" if i == 0 else f"b{i + 1}"] = kgp_run(split, "b", args, args.seed, objective)
         if "c" not in skip:
             results["c"] = kgp_run(split, "c", args, args.seed)
         for key, res in results.items():
