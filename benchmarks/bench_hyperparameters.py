@@ -95,14 +95,22 @@ def reference(split: uci.Split, seed: int) -> dict:
     }
 
 
-def kgp_run(split: uci.Split, learn: str, args, seed: int, objective: str = "sgpr") -> dict:
-    """(b) / (c): learn with kgp, then FALKON with the learned kernel, noise and mean."""
+def kgp_run(split: uci.Split, learn: str, args, seed: int, spec: str = "sgpr") -> dict:
+    """(b) / (c): learn with kgp, then FALKON with the learned kernel, noise and mean.
+
+    ``spec`` (for (b)): ``OBJECTIVE[:CENTERS[:INIT]]``, e.g. ``holdout:1000:sqrt-d``; the missing
+    parts come from ``--learn-centers`` and ``--init-lengthscale``.
+    """
     start = time.perf_counter()
+    parts = spec.split(":")
+    objective = parts[0]
+    n_learn = int(parts[1]) if len(parts) > 1 else args.learn_centers
+    init_spec = parts[2] if len(parts) > 2 else args.init_lengthscale
     init = {}
-    if args.init_lengthscale == "sqrt-d":
+    if init_spec == "sqrt-d":
         init["lengthscale"] = math.sqrt(split.d)
-    elif args.init_lengthscale != "default":
-        init["lengthscale"] = float(args.init_lengthscale)
+    elif init_spec != "default":
+        init["lengthscale"] = float(init_spec)
     if learn == "b":
         options = {"optimizer": args.learn_optimizer, "iterations": args.learn_iterations}
         if objective == "holdout-mse":
@@ -113,7 +121,7 @@ def kgp_run(split: uci.Split, learn: str, args, seed: int, objective: str = "sgp
             learn=objective,
             noise=0.1,
             solver="falkon",
-            n_centers=args.learn_centers,
+            n_centers=n_learn,
             learn_options=options,
             solver_options={"maxiter": 1},  # the learner's own solve is not used
             random_state=seed,
@@ -161,7 +169,7 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--learn-objective",
         default="sgpr",
-        help="objective(s) of (b), comma-separated (sgpr, holdout, holdout-mse): runs b, b2, ...",
+        help="(b) runs, comma-separated OBJECTIVE[:CENTERS[:INIT]] (sgpr, holdout, holdout-mse): b, b2, ...",
     )
     parser.add_argument("--learn-centers", type=int, default=500, help="centers of (b)'s objective")
     parser.add_argument("--learn-iterations", type=int, default=50, help="objective evaluations of (b)")
