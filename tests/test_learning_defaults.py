@@ -83,3 +83,14 @@ def test_builtin_loop_defaults_are_valid_and_documented():
         loop, _ = split_learn_options(name, objective, None)
         for key, value in (getattr(objective, "loop_defaults", None) or {}).items():
             assert loop[key] == value
+
+
+def test_holdout_defaults_to_the_measured_lbfgs_budget_and_sgpr_exact_keep_the_loops():
+    loop, _ = split_learn_options("holdout", get_objective("holdout"), None)
+    assert (loop["optimizer"], loop["iterations"]) == ("lbfgs", 50)
+    for name in ("sgpr", "exact"):
+        loop, _ = split_learn_options(name, get_objective(name), None)
+        assert (loop["optimizer"], loop["iterations"]) == (
+            LEARN_OPTIONS["optimizer"].default,
+            LEARN_OPTIONS["iterations"].default,
+        )
