@@ -209,7 +209,11 @@ def main(argv=None) -> int:
                 cache_path.write_text(json.dumps(cache, indent=1, sort_keys=True) + "\n")
         if "b" not in skip:
             for i, objective in enumerate(args.learn_objective.split(",")):
-                results["b" if i == 0 else f"b{i + 1}"] = kgp_run(split, "b", args, args.seed, objective)
+                key = "b" if i == 0 else f"b{i + 1}"
+                try:
+                    results[key] = kgp_run(split, "b", args, args.seed, objective)
+                except Exception as exc:  # noqa: BLE001 - one failed configuration must not end the sweep
+                    print(f"  ({key}) {objective} FAILED: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
         if "c" not in skip:
             results["c"] = kgp_run(split, "c", args, args.seed)
         for key, res in results.items():
