@@ -115,3 +115,21 @@ def test_model_learns_with_holdout_and_beats_the_initial_hyperparameters():
     assert err_learned < 0.5 * err_fixed
     ls = learned.kernel_.base_kernel.lengthscale.detach().reshape(-1)
     assert ls[1] > ls[0]  # the irrelevant second input gets the longer lengthscale
+
+
+@pytest.mark.parametrize("objective", ["sgpr", "holdout"])
+def test_repeated_centers_leave_the_objective_unchanged(objective):
+    X, Y, kernel, Z, noise, mean = _setup()
+    repeated = torch.cat([Z, Z[:7], Z[3:5]])  # exact repeats, as uniform centers on discrete data give
+    value = {}
+    for name, centers in (("distinct", Z), ("repeated", repeated)):
+        loss = get_objective(objective).prepare(LearningProblem(X, Y, kernel, centers=kgp.Centers(centers)))
+        value[name] = float(loss(noise, mean).detach())
+    assert value["repeated"] == pytest.approx(value["distinct"], rel=1e-12)
+
+
+def test_distinct_centers_keeps_first_occurrences_in_order():
+    from kgp_builtins.objectives.gram import distinct_centers
+
+    Z = torch.tensor([[3.0, 0.0], [1.0, 1.0], [3.0, 0.0], [0.5, 2.0], [1.0, 1.0]])
+    assert torch.equal(distinct_centers(Z), torch.tensor([[3.0, 0.0], [1.0, 1.0], [0.5, 2.0]]))

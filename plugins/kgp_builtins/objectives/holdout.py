@@ -43,7 +43,7 @@ import kgp
 from kgp.learning import LearningProblem
 from kgp.linalg import psd_cholesky
 
-from .gram import gram_products
+from .gram import distinct_centers, gram_products
 
 # first jitter (relative to the mean diagonal) tried when the centers' kernel matrix fails to factor,
 # growing tenfold up to 1e-5: at the rounding level (eps) six tries were not enough for K_ZZ on pol
@@ -91,7 +91,7 @@ class HoldoutObjective:
         perm = torch.randperm(n, generator=problem.generator).to(problem.device)
         hold, fit = perm[:n_hold], perm[n_hold:]
         X_t, Y_t, X_v, Y_v = problem.X[fit], problem.y[fit], problem.X[hold], problem.y[hold]
-        Z = problem.centers.points.detach()
+        Z = distinct_centers(problem.centers.points.detach())
         nlpd = options["score"] == "nlpd"
 
         def loss(noise: Tensor, mean: Tensor) -> Tensor:

@@ -34,7 +34,7 @@ import kgp
 from kgp.learning import LearningProblem
 from kgp.linalg import psd_cholesky
 
-from .gram import gram_products
+from .gram import distinct_centers, gram_products
 
 # first jitter (relative to the mean diagonal) tried when the centers' kernel matrix fails to factor,
 # growing tenfold up to 1e-5: at the rounding level (eps) six tries were not enough for K_ZZ on pol
@@ -60,7 +60,7 @@ class SGPRObjective:
         X_all, Y_all = problem.X, problem.y
         if problem.centers is None:
             raise ValueError("objective 'sgpr' needs centers (inducing points)")
-        Z = problem.centers.points.detach()
+        Z = distinct_centers(problem.centers.points.detach())
         n, k = Y_all.shape
         m = Z.shape[0]
         eye = torch.eye(m, dtype=X_all.dtype, device=X_all.device)
