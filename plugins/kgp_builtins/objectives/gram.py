@@ -23,11 +23,11 @@ _BACKWARD_BUFFERS = 10
 def distinct_centers(Z: Tensor) -> Tensor:
     """The rows of Z without exact repeats (first occurrence kept, order kept).
 
-    Uniform centers drawn from data with repeated rows (pol, elevators: discrete features) repeat
-    points; a repeated center adds nothing to the Nystrom space (same ``Q = K_nM K_MM^+ K_Mn``, same
-    predictor), but makes K_MM exactly singular, and its jittered factor's inverse then amplified
-    rounding until ``I + W / noise`` lost positive definiteness (measured: ``sgpr`` on elevators,
-    M = 500). Dropping repeats leaves the bound and the held-out score unchanged.
+    Uniform centers drawn from data with repeated rows (discrete features) can repeat points; a
+    repeated center adds nothing to the Nystrom space (same ``Q = K_nM K_MM^+ K_Mn``, same
+    predictor) but makes K_MM exactly singular. Dropping repeats leaves the bound and the held-out
+    score unchanged. (It did not cure the factorisation failures of the benchmark on pol and
+    elevators, whose cause is open: docs/gp-workflow.md, section 8.3.)
     """
     _, inverse = torch.unique(Z, dim=0, return_inverse=True)
     first = torch.full((int(inverse.max()) + 1,), Z.shape[0], dtype=torch.long, device=Z.device)
