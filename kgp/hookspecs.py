@@ -92,6 +92,8 @@ def register_objectives(register) -> None:
       rejected before any work);
     - ``uses_centers``: whether it needs ``problem.centers`` (the model selects them with the
       center selector, or takes the explicit ``centers``);
+    - optionally ``loop_defaults``: the loop's defaults that suit it, e.g.
+      ``{"optimizer": "lbfgs", "iterations": 50}`` (validated; ``learn_options`` override them);
     - ``prepare(problem) -> loss``: called once per learning run with a
       :class:`kgp.learning.LearningProblem` (training data, a kernel whose GPyTorch parameters
       are being trained, optional centers with weights, a seeded generator, the merged options).

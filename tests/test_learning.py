@@ -209,7 +209,9 @@ def test_bad_input_errors():
             kgp.KernelRegressor("rbf", learn="nan-after-two", learn_options={"lr": 0.01}).fit(X, y)
     finally:
         kgp.unregister("nan-plugin")
-    with pytest.raises(UnknownPluginError, match=r"unknown objective 'sgrp'; available objectives: exact, sgpr"):
+    with pytest.raises(
+        UnknownPluginError, match=r"unknown objective 'sgrp'; available objectives: exact, holdout, sgpr"
+    ):
         kgp.KernelRegressor("rbf", learn="sgrp").fit(X, y)
     with pytest.raises(
         ValueError, match=r"unknown option\(s\) \['iteration'\] for learn 'exact'; valid options: iterations, "

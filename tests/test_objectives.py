@@ -134,7 +134,9 @@ def test_exact_refuses_more_rows_than_the_exact_size_limit():
 
 
 def test_unknown_objective_lists_the_available_ones():
-    with pytest.raises(UnknownPluginError, match=r"unknown objective 'sgrp'; available objectives: exact, sgpr"):
+    with pytest.raises(
+        UnknownPluginError, match=r"unknown objective 'sgrp'; available objectives: exact, holdout, sgpr"
+    ):
         get_objective("sgrp")
 
 

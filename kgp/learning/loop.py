@@ -15,7 +15,7 @@ divided by n, which is GPyTorch's ``ExactMarginalLogLikelihood`` convention (its
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import gpytorch
@@ -96,9 +96,36 @@ def split_learn_options(name: str, objective: Any, given: dict[str, Any] | None)
     clash = sorted(set(own) & set(LEARN_OPTIONS))
     if clash:
         raise TypeError(f"objective {name!r} declares options {clash} that the learning loop owns; rename them")
-    merged = merge_options(f"learn {name!r}", {**LEARN_OPTIONS, **own}, given)
+    merged = merge_options(f"learn {name!r}", {**loop_declarations(name, objective), **own}, given)
     loop = {k: merged[k] for k in LEARN_OPTIONS}
     return loop, {k: v for k, v in merged.items() if k not in LEARN_OPTIONS}
+
+
+def loop_declarations(name: str, objective: Any) -> dict[str, Option]:
+    """:data:`LEARN_OPTIONS` with the defaults an objective chooses for itself (its ``loop_defaults``).
+
+    An objective may declare ``loop_defaults``, e.g. ``{"optimizer": "lbfgs", "iterations": 50}``:
+    the loop's defaults that suit it (measured, and documented with the objective). Each value is
+    checked as a user's value would be, so a bad default fails at once, naming the objective.
+
+    Raises
+    ------
+    TypeError
+        ``loop_defaults`` is not a mapping, or names an option the loop does not have.
+    InvalidOptionError
+        A default the loop's declaration rejects.
+    """
+    chosen = getattr(objective, "loop_defaults", None) or {}
+    if not isinstance(chosen, dict):
+        raise TypeError(f"objective {name!r}: loop_defaults must be a dict, got {type(chosen).__name__}")
+    unknown = sorted(set(chosen) - set(LEARN_OPTIONS))
+    if unknown:
+        raise TypeError(
+            f"objective {name!r}: loop_defaults names {unknown}, which the learning loop does not have "
+            f"(its options: {', '.join(LEARN_OPTIONS)})"
+        )
+    merge_options(f"objective {name!r} loop_defaults", LEARN_OPTIONS, chosen)  # bad values fail here
+    return {k: replace(opt, default=chosen[k]) if k in chosen else opt for k, opt in LEARN_OPTIONS.items()}
 
 
 def learn_hyperparameters(

@@ -21,7 +21,8 @@ from torch import Tensor
 import kgp
 from kgp import settings
 from kgp.learning import LearningProblem
-from kgp.linalg import psd_cholesky
+
+from .gaussian_nll import gaussian_nll
 
 
 class ExactObjective:
@@ -70,15 +71,14 @@ class ExactObjective:
         def loss(noise: Tensor, mean: Tensor) -> Tensor:
             K = problem.kernel_operator(X).to_dense()
             C = K + noise * torch.eye(size, dtype=K.dtype, device=K.device)
-            L = psd_cholesky(
+            # closed-form backward (gaussian_nll.py): autograd through the Cholesky was 3-4x slower
+            nll = gaussian_nll(
                 C,
-                max_tries=0,
+                Y - mean,
                 what=f"objective 'exact': K + noise*I with noise={float(noise.detach()):.6g}",
                 remedy="raise learn_options['min_noise'] or use float64",
             )
-            a = torch.linalg.solve_triangular(L, Y - mean, upper=False)
-            logdet = 2.0 * torch.log(L.diagonal()).sum()
-            nll = 0.5 * (a.square().sum() + Y.shape[1] * (logdet + size * math.log(2 * math.pi)))
+            nll = nll + 0.5 * Y.shape[1] * size * math.log(2 * math.pi)
             return nll / count
 
         return loss

@@ -20,6 +20,21 @@ from kgp.operators import plan_block_rows, row_slices
 _BACKWARD_BUFFERS = 10
 
 
+def distinct_centers(Z: Tensor) -> Tensor:
+    """The rows of Z without exact repeats (first occurrence kept, order kept).
+
+    Uniform centers drawn from data with repeated rows (discrete features) can repeat points; a
+    repeated center adds nothing to the Nystrom space (same ``Q = K_nM K_MM^+ K_Mn``, same
+    predictor) but makes K_MM exactly singular. Dropping repeats leaves the bound and the held-out
+    score unchanged. (It did not cure the factorisation failures of the benchmark on pol and
+    elevators, whose cause is open: docs/gp-workflow.md, section 8.3.)
+    """
+    _, inverse = torch.unique(Z, dim=0, return_inverse=True)
+    first = torch.full((int(inverse.max()) + 1,), Z.shape[0], dtype=torch.long, device=Z.device)
+    first.scatter_reduce_(0, inverse, torch.arange(Z.shape[0], device=Z.device), reduce="amin")
+    return Z[first.sort().values]
+
+
 def gram_products(kernel: gpytorch.kernels.Kernel, X: Tensor, Z: Tensor, R: Tensor) -> tuple[Tensor, Tensor]:
     """``(K_nM^T K_nM, K_nM^T R)`` with ``K_nM = K(X, Z)``, differentiable w.r.t. the kernel's parameters and R.
 

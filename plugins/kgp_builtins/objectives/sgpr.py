@@ -7,12 +7,15 @@ With inducing points Z (the model's centers, held fixed), ``Q = K_nM K_MM^{-1} K
 
 It is evaluated with two Gram products only, ``A = K_Mn K_nM`` and ``b = K_Mn r`` (:mod:`.gram`,
 streamed in row blocks: O(n M^2) time, no n x M storage), then M x M algebra (O(M^3)). With
-``L L^T = K_MM``, ``W = L^{-1} A L^{-T}``, ``L_B L_B^T = I + W / sigma^2`` and
-``c = L_B^{-1} L^{-1} b / sigma^2`` (matrix determinant lemma and Woodbury identity)::
+``L L^T = K_MM`` and ``L_S L_S^T = S = A + sigma^2 K_MM`` (matrix determinant lemma and Woodbury
+identity)::
 
-    log|Q + sigma^2 I|            = n log sigma^2 + 2 sum log diag L_B
-    r^T (Q + sigma^2 I)^{-1} r    = r^T r / sigma^2 - c^T c
-    tr(Q)                          = tr(W)
+    log|Q + sigma^2 I|            = (n - M) log sigma^2 + log|S| - log|K_MM|
+    r^T (Q + sigma^2 I)^{-1} r    = (r^T r - ||L_S^{-1} b||^2) / sigma^2
+    tr(Q)                          = tr(K_MM^{-1} A)
+
+S is factored as it is rather than whitened by L (``I + L^{-1} A L^{-T} / sigma^2``): with long
+lengthscales K_MM is ill-conditioned and the whitened form lost positive definiteness to rounding.
 
 This equals GPyTorch's SGPR (``InducingPointKernel`` + ``ExactMarginalLogLikelihood``) with the
 same inducing points, up to the sign and the division by n.
@@ -35,7 +38,12 @@ from kgp.distributed import differentiable_sum
 from kgp.learning import LearningProblem
 from kgp.linalg import psd_cholesky
 
-from .gram import gram_products
+from .gram import distinct_centers, gram_products
+
+# first jitter (relative to the mean diagonal) tried when the centers' kernel matrix fails to factor,
+# growing tenfold up to 1e-5: at the rounding level (eps) six tries were not enough for K_ZZ on pol
+# with long lengthscales (numerically singular, M = 500); added only on failure, with a NumericalWarning
+_KZZ_JITTER = 1e-10
 
 
 class SGPRObjective:
@@ -57,10 +65,9 @@ class SGPRObjective:
         X_all, Y_all = problem.X, problem.y
         if problem.centers is None:
             raise ValueError("objective 'sgpr' needs centers (inducing points)")
-        Z = problem.centers.points.detach()
+        Z = distinct_centers(problem.centers.points.detach())
         n, k = problem.n, Y_all.shape[1]  # n: all ranks' rows in a distributed fit
         m = Z.shape[0]
-        eye = torch.eye(m, dtype=X_all.dtype, device=X_all.device)
         batch = options["batch_rows"]
         batch = None if batch is None or batch >= n else batch
 
@@ -88,23 +95,23 @@ class SGPRObjective:
             kmm = problem.kernel_operator(Z).to_dense()
             L = psd_cholesky(
                 kmm,
-                jitter=torch.finfo(kmm.dtype).eps * float(kmm.detach().diagonal().mean()),
+                jitter=_KZZ_JITTER * float(kmm.detach().diagonal().mean()),
                 what="objective 'sgpr': K_MM of the centers",
                 remedy="use fewer or better-spread centers, or float64",
             )
-            Linv_A = torch.linalg.solve_triangular(L, A, upper=False)
-            W = torch.linalg.solve_triangular(L, Linv_A.T, upper=False)  # L^{-1} A L^{-T} (A symmetric)
-            W = 0.5 * (W + W.T)
-            LB = psd_cholesky(
-                eye + W / noise,
-                max_tries=0,
-                what=f"objective 'sgpr': I + W / noise with noise={float(noise.detach()):.6g}",
+            # S = A + noise K_MM is factored as it is, not through W = L^{-1} A L^{-T}: on elevators
+            # (M = 500, lengthscales ~20) K_MM's condition number was 7e10 and the rounding that L^{-1}
+            # amplified made I + W / noise indefinite; S stays well within positive definiteness
+            LS = psd_cholesky(
+                A + noise * kmm,
+                what=f"objective 'sgpr': K_Mn K_nM + noise*K_MM with noise={float(noise.detach()):.6g}",
                 remedy="raise learn_options['min_noise'] or use float64",
             )
-            c = torch.linalg.solve_triangular(LB, torch.linalg.solve_triangular(L, b, upper=False), upper=False) / noise
-            logdet = n * torch.log(noise) + 2.0 * torch.log(LB.diagonal()).sum()
-            quad = r_sq / noise - c.square().sum()
-            trace = (diag_sum - W.diagonal().sum()) / noise
+            c = torch.linalg.solve_triangular(LS, b, upper=False)
+            trace_q = torch.cholesky_solve(A, L).diagonal().sum()  # tr(K_MM^{-1} A) = tr Q
+            logdet = (n - m) * torch.log(noise) + 2.0 * (torch.log(LS.diagonal()).sum() - torch.log(L.diagonal()).sum())
+            quad = (r_sq - c.square().sum()) / noise
+            trace = (diag_sum - trace_q) / noise
             nll = 0.5 * (quad + k * (logdet + n * math.log(2 * math.pi) + trace))
             return nll / (n * k)
 

@@ -1,0 +1,46 @@
+"""Dense Gaussian negative log likelihood with its closed-form gradient (for the ``exact`` objective).
+
+Autograd through ``torch.linalg.cholesky`` and ``solve_triangular`` costs about four n^3 passes in
+the backward (matrix products and n-column triangular solves, measured: 74 % of an ``exact`` step at
+n = 1,500). The gradient has a closed form (Rasmussen & Williams 2006, eq. 5.9): for
+``f(C, R) = 1/2 tr(R^T C^{-1} R) + k/2 log|C|`` with ``alpha = C^{-1} R``::
+
+    df/dC = 1/2 (k C^{-1} - alpha alpha^T),        df/dR = alpha,
+
+and ``C^{-1}`` from the Cholesky factor is one ``cholesky_inverse`` (about n^3 / 1.5 flops).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from kgp.linalg import psd_cholesky
+
+
+class GaussianNLL(torch.autograd.Function):
+    """``1/2 tr(R^T C^{-1} R) + k/2 log|C|`` for SPD ``C`` (n x n) and ``R`` (n x k), constants left out."""
+
+    @staticmethod
+    def forward(ctx, C: Tensor, R: Tensor, what: str, remedy: str) -> Tensor:
+        L = psd_cholesky(C, max_tries=0, what=what, remedy=remedy)
+        alpha = torch.cholesky_solve(R, L)
+        value = 0.5 * (R * alpha).sum() + R.shape[1] * torch.log(L.diagonal()).sum()
+        ctx.save_for_backward(L, alpha)
+        return value
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        L, alpha = ctx.saved_tensors
+        grad_C = grad_R = None
+        if ctx.needs_input_grad[0]:
+            grad_C = torch.cholesky_inverse(L).mul_(0.5 * alpha.shape[1])
+            grad_C.addmm_(alpha, alpha.T, alpha=-0.5).mul_(grad)
+        if ctx.needs_input_grad[1]:
+            grad_R = alpha * grad
+        return grad_C, grad_R, None, None
+
+
+def gaussian_nll(C: Tensor, R: Tensor, *, what: str, remedy: str) -> Tensor:
+    """``1/2 tr(R^T C^{-1} R) + k/2 log|C|`` (differentiable in C and R; raises NotPSDError if C is not SPD)."""
+    return GaussianNLL.apply(C, R, what, remedy)
