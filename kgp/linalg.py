@@ -60,7 +60,7 @@ def psd_cholesky(
             raise NotPSDError(_message(A, what, remedy, None))
         return L
     if jitter is None:
-        scale = float(A.diagonal().abs().mean()) if A.numel() else 1.0
+        scale = float(A.detach().diagonal().abs().mean()) if A.numel() else 1.0
         jitter = torch.finfo(A.dtype).eps * (scale if scale > 0 else 1.0)
     with warnings.catch_warnings():
         # the caller decides whether jitter is worth a warning; linear_operator warns once per try
