@@ -11,6 +11,7 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
@@ -41,3 +42,23 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+class LargestOutput(TorchDispatchMode):
+    """Records the largest number of elements of any tensor an aten op returns (memory-budget tests).
+
+    ``with LargestOutput() as rec: ...`` then ``rec.largest`` (elements) and ``rec.op`` (the op that
+    returned it): deterministic, unlike a peak-RSS reading, so a test can assert that no n x M block
+    was formed.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.largest, self.op = 0, None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if torch.is_tensor(t) and t.numel() > self.largest:
+                self.largest, self.op = t.numel(), str(func)
+        return out

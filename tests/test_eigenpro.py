@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import LargestOutput
 from kgp_builtins.eigenpro import EIGENPRO2_DEFAULTS, EIGENPRO3_DEFAULTS
 from kgp_builtins.oracles import eigenpro_exact_projection, lemma6_fixed_point
 
@@ -630,19 +631,6 @@ def test_convergence_warning_fires_when_truncated_not_when_converged():
 
 
 # ----------------------------------------------------------------------------- memory budget (issue 16)
-class _LargestOutput(torch.utils._python_dispatch.TorchDispatchMode):
-    """Records the largest number of elements of any tensor an aten op returns."""
-
-    def __init__(self):
-        super().__init__()
-        self.largest, self.op = 0, None
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if torch.is_tensor(t) and t.numel() > self.largest:
-                self.largest, self.op = t.numel(), str(func)
-        return out
 
 
 @pytest.mark.parametrize("solver", ["eigenpro", "eigenpro2"])
@@ -655,7 +643,7 @@ def test_memory_budget_bounds_every_block(solver):
     y = torch.sin(2 * X[:, :1]) + 0.1 * torch.randn(n, 1, generator=g, dtype=torch.float64)
     Z = X[:p] + 0.01  # centers that are not training points
     k = _kernel("rbf", 1.0)
-    with kgp.settings.memory_budget(budget), _LargestOutput() as rec, warnings.catch_warnings():
+    with kgp.settings.memory_budget(budget), LargestOutput() as rec, warnings.catch_warnings():
         warnings.simplefilter("ignore", kgp.ConvergenceWarning)
         model = _fit(X, y, Z if solver == "eigenpro" else None, k, noise=0.05, solver=solver, epochs=20)
     assert model.history_[-1].extras["s"] == 181  # the side of a float64 square within 256 KiB

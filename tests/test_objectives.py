@@ -11,7 +11,7 @@ from __future__ import annotations
 import gpytorch
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from conftest import LargestOutput
 
 import kgp
 from kgp import settings
@@ -140,21 +140,6 @@ def test_unknown_objective_lists_the_available_ones():
         get_objective("sgrp")
 
 
-class _LargestOutput(TorchDispatchMode):
-    """Records the largest number of elements of any tensor an aten op returns."""
-
-    def __init__(self):
-        super().__init__()
-        self.largest, self.op = 0, None
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if torch.is_tensor(t) and t.numel() > self.largest:
-                self.largest, self.op = t.numel(), str(func)
-        return out
-
-
 def test_sgpr_at_large_n_never_allocates_n_by_m_forward_or_backward():
     n, m, d = 200_000, 100, 3
     gen = torch.Generator().manual_seed(0)
@@ -167,7 +152,7 @@ def test_sgpr_at_large_n_never_allocates_n_by_m_forward_or_backward():
     mean = torch.zeros(1, requires_grad=True)
     with settings.memory_budget(budget), settings.kernel_cache("auto"):
         loss = get_objective("sgpr").prepare(LearningProblem(X, y, kernel, centers=kgp.Centers(Z)))
-        with _LargestOutput() as rec:
+        with LargestOutput() as rec:
             value = loss(noise, mean)
             value.backward()
     # row blocks of at most the budget are the largest objects (n x M would be 10x the budget)

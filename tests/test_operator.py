@@ -9,7 +9,7 @@ from __future__ import annotations
 import gpytorch
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from conftest import LargestOutput
 
 import kgp
 from kgp import settings
@@ -218,20 +218,6 @@ def test_no_autograd_graph_without_grad():
 
 
 # --------------------------------------------------------------------- memory
-class _LargestOutput(TorchDispatchMode):
-    """Records the largest number of elements of any tensor an aten op returns."""
-
-    def __init__(self):
-        super().__init__()
-        self.largest = 0
-        self.op = None
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if torch.is_tensor(t) and t.numel() > self.largest:
-                self.largest, self.op = t.numel(), str(func)
-        return out
 
 
 def test_product_never_allocates_n_by_m_under_budget():
@@ -244,7 +230,7 @@ def test_product_never_allocates_n_by_m_under_budget():
     kernel = make_kernel("scale_rbf", d, torch.float32)
     with settings.memory_budget(budget), settings.kernel_cache("auto"), torch.no_grad():
         op = kernel_operator(kernel, X, Z)
-        with _LargestOutput() as rec:
+        with LargestOutput() as rec:
             kv = op @ v
             op.T @ kv  # a second product: "auto" would store here if n x M fitted the budget
         assert rec.largest * 4 <= budget, (rec.largest, rec.op)
@@ -262,7 +248,7 @@ def test_fused_and_transposed_products_stay_under_budget():
     X, Z = data(n=n, m=m, d=4, dtype=torch.float32)
     budget = 2**20
     op = kernel_operator(make_kernel("matern52", 4, torch.float32), X, Z)
-    with settings.memory_budget(budget), torch.no_grad(), _LargestOutput() as rec:
+    with settings.memory_budget(budget), torch.no_grad(), LargestOutput() as rec:
         op.fused_matmul(torch.ones(m, 2), torch.ones(n, 2))
         op.T @ torch.ones(n, 1)
     # the prepared n x (d + 2) rows and the n x k inputs are the largest allowed objects
@@ -270,7 +256,7 @@ def test_fused_and_transposed_products_stay_under_budget():
     # with autograd on (GPyTorch hyperparameters require grad) the forward still streams, even for
     # v = I (K^T K): nothing n x M is kept for the backward pass
     assert any(p.requires_grad for p in op.kernel.parameters())
-    with settings.memory_budget(budget), _LargestOutput() as rec:
+    with settings.memory_budget(budget), LargestOutput() as rec:
         gram = op.fused_matmul(torch.eye(m))
     assert gram.requires_grad
     assert rec.largest < n * m and rec.largest * 4 <= budget, (rec.largest, rec.op)
@@ -348,7 +334,7 @@ def test_kernel_cache_auto_never_above_budget():
     budget = 300 * 40 * 8 - 1  # one byte short of the whole matrix
     with settings.kernel_cache("auto"), settings.memory_budget(budget), torch.no_grad():
         op = kernel_operator(make_kernel("rbf", 3), X, Z)
-        with _LargestOutput() as rec:
+        with LargestOutput() as rec:
             for _ in range(3):
                 op.fused_matmul(torch.ones(40, dtype=torch.float64))
         assert op._cache.get("stored") is None
