@@ -88,8 +88,42 @@ class Centers:
     info: dict[str, Any] = field(default_factory=dict)
 
 
+class RowData:
+    """Sizes, dtype and device of a problem that holds rows ``X``, targets ``y`` and an optional ``shard``.
+
+    Shared by :class:`Problem` (solvers) and :class:`kgp.learning.LearningProblem` (objectives), so
+    that ``n`` means the same thing to both: all ranks' rows in a distributed fit.
+    """
+
+    X: Tensor
+    y: Tensor
+    shard: Any
+
+    @property
+    def n(self) -> int:
+        """Training rows of the (global) problem: all ranks' rows in a distributed fit."""
+        return self.X.shape[0] if self.shard is None else self.shard.n_total
+
+    @property
+    def n_local(self) -> int:
+        """Rows of ``X`` held here (``n`` unless the fit is distributed)."""
+        return self.X.shape[0]
+
+    @property
+    def n_outputs(self) -> int:
+        return self.y.shape[1]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.X.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.X.device
+
+
 @dataclass
-class Problem:
+class Problem(RowData):
     """Everything a solver needs to fit one model.
 
     Attributes
@@ -142,31 +176,9 @@ class Problem:
             )
 
     @property
-    def n(self) -> int:
-        """Training rows of the (global) problem: all ranks' rows in a distributed fit."""
-        return self.X.shape[0] if self.shard is None else self.shard.n_total
-
-    @property
-    def n_local(self) -> int:
-        """Rows of ``X`` held here (``n`` unless the fit is distributed)."""
-        return self.X.shape[0]
-
-    @property
-    def n_outputs(self) -> int:
-        return self.y.shape[1]
-
-    @property
     def lam(self) -> float:
         """FALKON / BLESS per-sample lambda = sigma^2 / n."""
         return self.noise / self.n
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.X.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.X.device
 
     def kernel_operator(self, x1: Tensor, x2: Tensor | None = None, **kwargs: Any) -> KernelOperator:
         """Lazy ``K(x1, x2)`` through the shared block backend (see :func:`kgp.operators.kernel_operator`).

@@ -39,18 +39,20 @@ def _data(dtype=np.float64):
     return X.astype(dtype), y.astype(dtype)
 
 
+# the estimator settings every comparison with one process uses (regressor and classifier alike)
+_PARAMS = dict(
+    lengthscale=1.0,
+    noise=1e-2,
+    solver="falkon",
+    centers="uniform",
+    n_centers=M,
+    random_state=7,
+    solver_options={"maxiter": 60, "tol": 1e-13},
+)
+
+
 def _model(**kw):
-    params = dict(
-        lengthscale=1.0,
-        noise=1e-2,
-        solver="falkon",
-        centers="uniform",
-        n_centers=M,
-        random_state=7,
-        solver_options={"maxiter": 60, "tol": 1e-13},
-    )
-    params.update(kw)
-    return kgp.KernelRegressor("rbf", **params)
+    return kgp.KernelRegressor("rbf", **{**_PARAMS, **kw})
 
 
 def _free_port() -> int:
@@ -251,17 +253,7 @@ def _labels():
 
 
 def _classifier(**kw):
-    return kgp.KernelClassifier(
-        "rbf",
-        lengthscale=1.0,
-        noise=1e-2,
-        solver="falkon",
-        centers="uniform",
-        n_centers=M,
-        random_state=7,
-        solver_options={"maxiter": 60, "tol": 1e-13},
-        **kw,
-    )
+    return kgp.KernelClassifier("rbf", **{**_PARAMS, **kw})
 
 
 def _classifier_task(rank, world, counts):

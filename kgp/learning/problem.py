@@ -10,13 +10,13 @@ import torch
 from torch import Tensor
 
 from ..operators import KernelOperator, kernel_operator
-from ..plugin import Centers
+from ..plugin import Centers, RowData
 
 __all__ = ["LearningProblem"]
 
 
 @dataclass
-class LearningProblem:
+class LearningProblem(RowData):
     """Everything a hyperparameter objective needs (see the ``register_objectives`` hook).
 
     Attributes
@@ -49,23 +49,6 @@ class LearningProblem:
     options: dict[str, Any] = field(default_factory=dict)
     generator: torch.Generator = field(default_factory=lambda: torch.Generator().manual_seed(0))
     shard: Any = None
-
-    @property
-    def n(self) -> int:
-        """Training rows (all ranks' rows in a distributed fit)."""
-        return self.X.shape[0] if self.shard is None else self.shard.n_total
-
-    @property
-    def n_outputs(self) -> int:
-        return self.y.shape[1]
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.X.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.X.device
 
     def kernel_operator(self, x1: Tensor, x2: Tensor | None = None) -> KernelOperator:
         """Lazy ``K(x1, x2)`` with the kernel's current hyperparameters (differentiable under autograd)."""
