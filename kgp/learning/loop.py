@@ -27,6 +27,7 @@ from ..monitor import Monitor
 from ..options import Option, merge_options
 from ..plugin import Centers
 from ..registry import get_objective
+from .bounds import LengthscaleFloors
 from .problem import LearningProblem
 
 __all__ = ["LEARN_OPTIONS", "LearnResult", "learn_hyperparameters"]
@@ -43,6 +44,12 @@ LEARN_OPTIONS: dict[str, Option] = {
     "optimizer": Option.choice("adam", ("adam", "lbfgs"), help="torch.optim.Adam or torch.optim.LBFGS (strong Wolfe)"),
     "min_noise": Option.number(
         1e-6, minimum=0.0, exclusive_minimum=True, help="lower bound of the learned noise variance (GreaterThan)"
+    ),
+    "min_lengthscale": Option.number(
+        None,
+        minimum=0.0,
+        allow_none=True,
+        help="lower bound of every lengthscale while learning (None: numerical floor, kgp.learning.bounds; 0: none)",
     ),
     "learn_noise": Option.boolean(True, help="train the noise variance (False: keep the model's noise)"),
     "learn_mean": Option.boolean(True, help="train a constant mean per output (False: keep the initial mean)"),
@@ -224,7 +231,8 @@ def learn_hyperparameters(
     history: list[float] = []
     n = problem.n
 
-    with torch.enable_grad():
+    floors = LengthscaleFloors(kernel, _feature_scale(X, shard), loop["min_lengthscale"])
+    with torch.enable_grad(), floors:
         loss_fn = obj.prepare(problem)
 
         def total() -> Tensor:
@@ -279,6 +287,14 @@ def learn_hyperparameters(
         history=history,
         options={**loop, **obj_options},
     )
+
+
+def _feature_scale(X: Tensor, shard: Any) -> Tensor:
+    """``max_i |x_ij|`` per column over every rank's rows (a rank may hold none)."""
+    local = X.detach().abs().amax(0) if X.shape[0] else X.new_zeros(X.shape[1])
+    if shard is None:
+        return local
+    return shard.gather_rows(local.double().tolist()).amax(0).to(X)
 
 
 class _Stop(Exception):
