@@ -119,9 +119,9 @@ class LengthscaleFloors:
                     warnings.warn(
                         f"learn: lengthscale {_fmt(value[at_floor])} of {type(b.module).__name__} ended on its "
                         f"numerical floor {_fmt(b.floor[at_floor])}: the objective prefers a smaller value, which "
-                        "the kernel's distance computation cannot resolve (the feature acts as an exact-match indicator). "
-                        "Remedy: check that feature (a categorical or rounded column), standardize X, or set "
-                        "learn_options['min_lengthscale']",
+                        "the kernel's distance computation cannot resolve (the feature acts as an exact-match "
+                        "indicator). Remedy: check that feature (a categorical or rounded column), standardize X, "
+                        "or set learn_options['min_lengthscale']",
                         ConvergenceWarning,
                         stacklevel=3,
                     )
