@@ -490,7 +490,7 @@ def test_sharded_operator_sums_over_ranks(three_ranks):
     "case, words",
     [
         ("exact", "solver 'exact' does not support distributed fitting"),
-        ("eigenpro2", "solver 'eigenpro2' does not support distributed fitting"),
+        ("eigenpro2", "solver 'eigenpro2' does not support distributed fitting (distributed=True): its n coefficients"),
     ],
 )
 def test_unsupported_plugins_refuse(two_ranks, case, words):

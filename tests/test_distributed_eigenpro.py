@@ -162,7 +162,8 @@ def test_eigenpro_float32_matches_one_process(runs, single, world, layout):
     for res in (res[f"float32/{layout}"] for res in runs[world]):
         assert "alpha" in res, res
         assert res["alpha"].dtype == torch.float32
-        assert float((res["alpha"] - alpha).abs().max() / alpha.abs().max()) < 1e-4
+        # measured at most 3.8e-6 (2 and 3 ranks, every layout)
+        assert float((res["alpha"] - alpha).abs().max() / alpha.abs().max()) < 3e-5
         np.testing.assert_allclose(res["mse"], [h.extras["train_mse"] for h in model.history_], rtol=1e-4)
 
 
