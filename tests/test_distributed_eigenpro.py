@@ -17,6 +17,7 @@ import torch.distributed as dist
 from test_distributed import _spawn
 
 import kgp
+from kgp import distributed as kdist
 
 pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="needs gloo")
 
@@ -103,11 +104,36 @@ def _raising_task(rank, world):
     return {"error": None}
 
 
+def _replicate_task(rank, world):
+    """The replicated setup's repair: last-bit differences take rank 0's values; a different q is refused."""
+    from kgp_builtins.eigenpro.rows import Rows
+
+    A = torch.linspace(0, 1, 36, dtype=torch.float64).reshape(6, 6)
+    A = A @ A.T + torch.eye(6, dtype=torch.float64)
+    if rank == 1:
+        A[0, 0] += 1e-12  # what different BLAS thread counts can do to a replicated factorization
+    L = torch.linalg.cholesky(A)  # a column-major result, as in the solver
+    out = {"contiguous_before": L.is_contiguous()}
+    with kdist.guarded(dist.group.WORLD) as channel, torch.no_grad():
+        shard = kdist.shard_rows(channel, 3)
+        X = torch.zeros(3, 2, dtype=torch.float64)
+        problem = kgp.Problem(X=X, y=X[:, :1], kernel=None, noise=0.1, shard=shard)
+        rows = Rows(problem)
+        rows.replicate_([L], q=2)
+        out["L"] = L.clone()
+        try:
+            rows.replicate_([L], q=rank)
+            out["q_error"] = None
+        except RuntimeError as exc:
+            out["q_error"] = str(exc)
+    return out
+
+
 def _suite(world):
     counts = {2: [([120, 120], "even"), ([220, 20], "uneven")], 3: [([80, 80, 80], "even"), ([0, 150, 90], "empty")]}
     plan = [(f"{case}/{layout}", _fit_task, (c, case)) for c, layout in counts[world] for case in CASES]
     val = {2: ([120, 120], [30, 10]), 3: ([0, 150, 90], [25, 0, 15])}[world]
-    return [*plan, ("validation", _validation_task, val)]
+    return [*plan, ("validation", _validation_task, val), ("replicate", _replicate_task, ())]
 
 
 @pytest.fixture(scope="module")
@@ -190,3 +216,15 @@ def test_eigenpro_rank_raising_mid_fit_fails_every_rank(tmp_path):
     assert "rank 1: RuntimeError: boom at epoch 3" in results[0]["message"]
     # told through the group's store, not by the timeout (30 s): both clocks start at the fit call
     assert results[0]["seconds"] - results[1]["seconds"] < 5.0
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_replicated_setup_takes_rank0s_values(runs, world):
+    results = [res["replicate"] for res in runs[world]]
+    A = torch.linspace(0, 1, 36, dtype=torch.float64).reshape(6, 6)
+    L0 = torch.linalg.cholesky(A @ A.T + torch.eye(6, dtype=torch.float64))
+    for res in results:
+        assert "L" in res, res
+        assert not res["contiguous_before"]  # the broadcast path handled a column-major factor
+        assert torch.equal(res["L"], L0)  # rank 1's perturbed factor replaced by rank 0's
+        assert "damp different numbers of directions q (rank 0: 0, rank 1: 1" in res["q_error"]

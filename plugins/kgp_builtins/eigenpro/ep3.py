@@ -149,7 +149,7 @@ class EigenPro3Solver:
                 # values everywhere (replicated from the same gathered rows, they differ in the last bits at most)
                 curv = torch.tensor([beta, lam_top], dtype=torch.float64)
                 setup = [pre.E, pre.d, ZE, curv] + ([proj.L] if isinstance(proj, CholeskyProjection) else [])
-                rows.replicate_(setup + ([U] if U is not None else []), "the preconditioner")
+                rows.replicate_(setup + ([U] if U is not None else []), q=pre.q)
                 beta, lam_top = (float(v) for v in curv)
             batch, step = critical_batch_and_step(beta, lam_top, n, opts["batch_size"])
             setup_time = time.perf_counter() - setup_start

@@ -90,20 +90,28 @@ class Rows:
             return float(self.y.pow(2).mean())
         return self.sum_float(float(self.y.double().pow(2).sum())) / (self.n * self.y.shape[1])
 
-    def replicate_(self, tensors: list[Tensor], what: str) -> None:
+    def replicate_(self, tensors: list[Tensor], q: int) -> None:
         """Make the replicated setup identical on every rank (rank 0's where the last bits differ).
 
         The batch size, the step and the preconditioner's rank ``q`` decide how many collectives an
-        epoch issues, so they must agree exactly; a shape that differs between ranks (a ``q`` on a
-        rounding knife-edge) cannot be broadcast and is refused on every rank.
+        epoch issues and what they carry, so they must agree exactly. ``q`` fixes the shapes of the
+        setup's tensors; a ``q`` that differs between ranks (a direction on a rounding knife-edge)
+        cannot be repaired by a broadcast and is refused on every rank.
         """
         if self.shard is None:
             return
-        shapes = [float(x) for t in tensors for x in (t.dim(), *t.shape)]
-        table = self.shard.gather_rows(shapes)
-        if not bool((table == table[0]).all()):
+        qs = self.shard.gather_rows([q])[:, 0]
+        if not bool((qs == qs[0]).all()):
+            per_rank = ", ".join(f"rank {r}: {int(v)}" for r, v in enumerate(qs.tolist()))
             raise RuntimeError(
-                f"eigenpro: the ranks computed {what} of different shapes (different torch builds or BLAS thread "
-                "counts on the ranks); run every rank with the same torch build and OMP_NUM_THREADS"
+                f"eigenpro: the ranks' preconditioners damp different numbers of directions q ({per_rank}): "
+                "the replicated setup differs beyond rounding (different torch builds or BLAS thread counts on "
+                "the ranks); run every rank with the same torch build and OMP_NUM_THREADS"
             )
-        self.shard.replicate_(tensors)
+        # LAPACK results (the Cholesky factor, triangular solves) are column-major views; a broadcast
+        # needs contiguous memory, so contiguous copies travel and are written back
+        dense = [t.contiguous() for t in tensors]
+        if self.shard.replicate_(dense):
+            for t, c in zip(tensors, dense):
+                if c is not t:
+                    t.copy_(c)
