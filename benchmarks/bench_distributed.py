@@ -168,6 +168,8 @@ def _worker(rank: int, world: int, threads: int, port: int, args: dict, out: str
         allreduce_bytes_per_iter=iter_bytes,
         allreduce_calls=sent["calls"],
         batch_size=model.history_[0].extras.get("batch_size"),
+        # eigenpro: the last epoch's split (gradient includes the batch all-reduce; projection is replicated)
+        epoch_split={k: v for k, v in model.history_[-1].extras.items() if k.startswith("time_")},
         rss_data_mb=rss_data,
         rss_peak_mb=_peak_rss_mb(),
         alpha=(model.predictor_.coef if args["solver"] == "dsg" else model.predictor_.alpha)
@@ -258,6 +260,9 @@ def main() -> None:
             f"eigenpro: batch {d0['batch_size']} rows, {batches} batches per epoch; all-reduced per batch "
             f"{d0['allreduce_bytes_per_iter'] / batches:.0f} B (of which M x 1 float64 = {args['m'] * 8} B)"
         )
+        for r in rows:
+            split = " / ".join(f"{k[5:]} {v:.3f}" for k, v in r["epoch_split"].items())
+            print(f"last epoch, {r['world']}x{r['threads']} rank {r['rank']}: s {split}")
     print(f"speed-up of 2x1 over 1x2 per iteration: {single[0]['iter_s'] / max(r['iter_s'] for r in double):.2f}")
     print(f"max |alpha_2x1 - alpha_1x2| / max |alpha|: {float((a1 - a2).abs().max() / a1.abs().max()):.2e}")
     d0 = double[0]
