@@ -147,7 +147,7 @@ class EigenPro3Solver:
             if rows.distributed:
                 # the batch size, the step and q decide how many all-reduces an epoch issues: rank 0's
                 # values everywhere (replicated from the same gathered rows, they differ in the last bits at most)
-                curv = torch.tensor([beta, lam_top], dtype=torch.float64)
+                curv = torch.tensor([beta, lam_top], dtype=torch.float64, device=X.device)  # NCCL: on the GPU
                 setup = [pre.E, pre.d, ZE, curv] + ([proj.L] if isinstance(proj, CholeskyProjection) else [])
                 rows.replicate_(setup + ([U] if U is not None else []), q=pre.q)
                 beta, lam_top = (float(v) for v in curv)
