@@ -196,11 +196,12 @@ def test_eigenpro_float32_matches_one_process(runs, single, world, layout):
 @pytest.mark.parametrize("world", [2, 3])
 def test_eigenpro_validation_and_tol_stop_agree(runs, world):
     """Every rank reports the metric of all 40 validation rows (one rank may hold none) and stops at the
-    same epoch as one process, by ``tol`` (epoch 3 of 10)."""
+    same epoch as one process, by ``tol``."""
     X, y = _data(SMALL)
     model = _model(SMALL, {"tol": TOL}).fit(X, y, validation_data=(X[200:], y[200:]))
     expected = [h.metric for h in model.history_]
-    assert len(expected) == 3 and all(m is not None for m in expected)
+    # stopped by tol (epoch 3 with today's defaults), not by the 10-epoch budget
+    assert 1 < len(expected) < 10 and all(m is not None for m in expected)
     for res in (res["validation"] for res in runs[world]):
         assert "metrics" in res, res
         np.testing.assert_allclose(res["metrics"], expected, rtol=1e-8)
