@@ -19,6 +19,12 @@ M x 1 float64 pass sum, and the broadcast of the two M x M float64 factors that 
 0 and broadcast" alternative would need. Whether the two fits agree is printed too (max |alpha|
 difference relative to max |alpha|).
 
+``--solver eigenpro``: EigenPro 3 with its defaults on M uniform centers, one epoch per "iteration"
+(``--maxiter`` epochs, other options at their defaults); per batch each rank
+computes its rows' part of ``K(Z, X_m) g`` and the ``M x 1`` sums are all-reduced (float64) before
+the replicated projection step. The printed bytes per batch are the epoch's all-reduced bytes
+divided by its batches (the per-epoch training-MSE sum and stop flag included).
+
 ``--solver dsg``: DSG with its defaults (least squares, 512 features and all rows per step), one
 step per "iteration" (``--maxiter`` steps); per step each rank computes its rows' features and the
 ``512 x 512`` normal-equation sums, which are all-reduced (2 MiB in float64) before the replicated
@@ -27,7 +33,7 @@ solve. ``--m`` is then unused and the printed "alpha" is the feature coefficient
 Usage::
 
     flock /tmp/kgp-bench.lock env OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/bench_distributed.py \
-        [--n 60000] [--m 1000] [--maxiter 8] [--solver falkon|dsg]
+        [--n 60000] [--m 1000] [--maxiter 8] [--solver falkon|dsg|eigenpro]
 """
 
 from __future__ import annotations
@@ -109,7 +115,19 @@ def _worker(rank: int, world: int, threads: int, port: int, args: dict, out: str
             return original(self, t)
 
         kdist.Shard.all_reduce_ = counting
-    if args["solver"] == "dsg":
+    if args["solver"] == "eigenpro":
+        model = kgp.KernelRegressor(
+            "rbf",
+            lengthscale=LENGTHSCALE,
+            noise=LAM * n,
+            solver="eigenpro",
+            centers="uniform",
+            n_centers=args["m"],
+            random_state=0,
+            callback=callback,
+            solver_options={"epochs": args["maxiter"]},
+        )
+    elif args["solver"] == "dsg":
         model = kgp.KernelRegressor(
             "rbf",
             lengthscale=LENGTHSCALE,
@@ -149,6 +167,9 @@ def _worker(rank: int, world: int, threads: int, port: int, args: dict, out: str
         allreduce_bytes_total=sent["bytes"],
         allreduce_bytes_per_iter=iter_bytes,
         allreduce_calls=sent["calls"],
+        batch_size=model.history_[0].extras.get("batch_size"),
+        # eigenpro: the last epoch's split (gradient includes the batch all-reduce; projection is replicated)
+        epoch_split={k: v for k, v in model.history_[-1].extras.items() if k.startswith("time_")},
         rss_data_mb=rss_data,
         rss_peak_mb=_peak_rss_mb(),
         alpha=(model.predictor_.coef if args["solver"] == "dsg" else model.predictor_.alpha)
@@ -202,10 +223,12 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=60_000, help="training rows used (of 219,082)")
     parser.add_argument("--m", type=int, default=1000, help="centers")
     parser.add_argument("--maxiter", type=int, default=8, help="CG iterations (falkon) or steps (dsg)")
-    parser.add_argument("--solver", choices=("falkon", "dsg"), default="falkon")
+    parser.add_argument("--solver", choices=("falkon", "dsg", "eigenpro"), default="falkon")
     args = vars(parser.parse_args())
     print(f"torch {torch.__version__}, cores {os.cpu_count()}, load average {os.getloadavg()}")
-    if args["solver"] == "dsg":
+    if args["solver"] == "eigenpro":
+        print(f"airline float32, n = {args['n']}, M = {args['m']}, eigenpro defaults, {args['maxiter']} epochs")
+    elif args["solver"] == "dsg":
         steps = args["maxiter"]
         print(f"airline float32, n = {args['n']}, dsg defaults (512 features, all rows per step), {steps} steps")
     else:
@@ -230,6 +253,16 @@ def main() -> None:
         )
     a1 = torch.tensor(single[0]["alpha"])
     a2 = torch.tensor(double[0]["alpha"])
+    if args["solver"] == "eigenpro":
+        d0 = double[0]
+        batches = -(-args["n"] // d0["batch_size"])
+        print(
+            f"eigenpro: batch {d0['batch_size']} rows, {batches} batches per epoch; all-reduced per batch "
+            f"{d0['allreduce_bytes_per_iter'] / batches:.0f} B (of which M x 1 float64 = {args['m'] * 8} B)"
+        )
+        for r in rows:
+            split = " / ".join(f"{k[5:]} {v:.3f}" for k, v in r["epoch_split"].items())
+            print(f"last epoch, {r['world']}x{r['threads']} rank {r['rank']}: s {split}")
     print(f"speed-up of 2x1 over 1x2 per iteration: {single[0]['iter_s'] / max(r['iter_s'] for r in double):.2f}")
     print(f"max |alpha_2x1 - alpha_1x2| / max |alpha|: {float((a1 - a2).abs().max() / a1.abs().max()):.2e}")
     d0 = double[0]

@@ -200,6 +200,7 @@ class Solver(Protocol):
 
     ``supports_distributed`` (optional, default False): True if ``fit`` handles a row-sharded
     problem (``problem.shard`` set, :mod:`kgp.distributed`); a distributed fit refuses other solvers.
+    ``distributed_refusal`` (optional str): why not, and what to use instead, quoted in that refusal.
     """
 
     option_defaults: Mapping[str, Any]

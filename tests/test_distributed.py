@@ -74,14 +74,19 @@ def _entry(rank, world, port, out, task, args):
     )
     try:
         with kgp.settings.distributed_timeout(GROUP_TIMEOUT):
-            result = globals()[task](rank, world, *args)
+            result = _task(task)(rank, world, *args)
     except Exception as exc:
         result = {"error": type(exc).__name__, "message": str(exc)}
     torch.save(result, Path(out) / f"rank{rank}.pt")
     # no destroy_process_group: after a failed collective it may wait for the failed peer
 
 
-def _spawn(world: int, task: str, tmp_path: Path, *args, expect_dead: tuple[int, ...] = ()) -> list[dict | None]:
+def _task(task):
+    """A task is a name in this module or a module-level function of another test module (pickled by name)."""
+    return task if callable(task) else globals()[task]
+
+
+def _spawn(world: int, task, tmp_path: Path, *args, expect_dead: tuple[int, ...] = ()) -> list[dict | None]:
     """Run ``task(rank, world, *args)`` on ``world`` spawned ranks; return each rank's result dict.
 
     Plain ``multiprocessing`` processes (torch's ``ProcessContext.join`` would terminate the other
@@ -374,7 +379,7 @@ def _suite_task(rank, world, plan):
     out = {}
     for name, task, args in plan:
         try:
-            out[name] = globals()[task](rank, world, *args)
+            out[name] = _task(task)(rank, world, *args)
         except Exception as exc:
             out[name] = {"error": type(exc).__name__, "message": str(exc)}
     return out
@@ -396,7 +401,7 @@ def two_ranks(tmp_path_factory):
         ("uneven", "_fit_task", ([220, 20], {})),
         ("seedless", "_fit_task", ([120, 120], {"random_state": None})),
         ("exact", "_refusal_task", ({"solver": "exact"},)),
-        ("eigenpro", "_refusal_task", ({"solver": "eigenpro"},)),
+        ("eigenpro2", "_refusal_task", ({"solver": "eigenpro2", "centers": None, "n_centers": None},)),
         ("save", "_save_task", (str(tmp / "model.kgp"),)),
         ("float32", "_fit_task", ([130, 110], {"dtype": "float32"})),
         ("plain_cg", "_plain_cg_task", ([130, 110],)),
@@ -485,7 +490,7 @@ def test_sharded_operator_sums_over_ranks(three_ranks):
     "case, words",
     [
         ("exact", "solver 'exact' does not support distributed fitting"),
-        ("eigenpro", "solver 'eigenpro' does not support distributed fitting"),
+        ("eigenpro2", "solver 'eigenpro2' does not support distributed fitting (distributed=True): its n coefficients"),
     ],
 )
 def test_unsupported_plugins_refuse(two_ranks, case, words):

@@ -684,9 +684,16 @@ class BaseKernelModel(SklearnProtocol):
 def _check_distributed_plugins(setup: _FitSetup, solver_name: str) -> None:
     """Refuse, before any work, plugins that do not declare ``supports_distributed = True``."""
     if not getattr(setup.solver, "supports_distributed", False):
+        # a solver may say why it is not distributed and what to use instead (eigenpro2)
+        reason = getattr(setup.solver, "distributed_refusal", None)
         raise ValueError(
-            f"solver {solver_name!r} does not support distributed fitting (distributed=True): it does not "
-            "declare supports_distributed = True. Use solver='falkon', or fit on one process holding all rows."
+            f"solver {solver_name!r} does not support distributed fitting (distributed=True): "
+            + (
+                f"{reason}."
+                if reason
+                else "it does not declare supports_distributed = True. Use solver='falkon', or fit on one process "
+                "holding all rows."
+            )
         )
     if setup.selector is not None and not getattr(setup.selector, "supports_distributed", False):
         raise ValueError(

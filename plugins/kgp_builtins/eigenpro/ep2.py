@@ -152,6 +152,11 @@ class EigenPro2Solver:
     option_defaults: dict[str, Option] = EIGENPRO2_DEFAULTS
     uses_centers = False
     name = "eigenpro2"
+    #: Why a distributed fit refuses this solver (quoted in the model's error; docs/scaling-out.md).
+    distributed_refusal = (
+        "its n coefficients are one per training row, so every batch would need all ranks' coefficients; "
+        "use solver='eigenpro' with centers (e.g. centers='uniform'), which fits the same kind of model data-parallel"
+    )
 
     def fit(self, problem: Problem) -> KernelExpansion:
         owner = f"solver {self.name!r}"

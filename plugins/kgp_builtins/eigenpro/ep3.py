@@ -39,14 +39,17 @@ from .nystrom import (
 )
 from .options import EIGENPRO3_DEFAULTS, resolve_average_epochs, resolve_subsample
 from .projection import CholeskyProjection, EigenPro2Projection
+from .rows import Rows
 
 __all__ = ["EigenPro3Solver"]
 
 
 def _batch_residual_gradient(kop: KernelOpFactory, Xb: Tensor, Z: Tensor, alpha: Tensor, yb: Tensor):
     """``g = K(X_b, Z) alpha - y_b`` and ``K(Z, X_b) g`` with one kernel evaluation when the block fits."""
-    op = kop(Xb, Z)
     m, p = Xb.shape[0], Z.shape[0]
+    if m == 0:  # a rank holding none of the batch's rows (distributed fit): its part of the sum is 0
+        return yb.new_zeros(0, alpha.shape[1]), alpha.new_zeros(p, alpha.shape[1])
+    op = kop(Xb, Z)
     if m * p * Xb.element_size() <= settings.memory_budget.value():
         Kb = op.to_dense()
         g = Kb @ alpha - yb
@@ -55,15 +58,29 @@ def _batch_residual_gradient(kop: KernelOpFactory, Xb: Tensor, Z: Tensor, alpha:
     return g, op.mT @ g
 
 
+def _paper_correction_sum(kop: KernelOpFactory, Xb: Tensor, g: Tensor, pre) -> Tensor:
+    """``E^T K(X_s, X_b) g`` (q x k): the batch's part of the ``correction="paper"`` term (a sum over its rows)."""
+    if Xb.shape[0] == 0:
+        return g.new_zeros(pre.q, g.shape[1])
+    ks = kop(Xb, pre.points).to_dense().T @ g  # K(X_s, X_m) g
+    return pre.E.T @ ks
+
+
 class EigenPro3Solver:
     """EigenPro 3.0 (Algorithm 2): projected preconditioned SGD with centers decoupled from the data.
 
     Options: :data:`~kgp_builtins.eigenpro.options.EIGENPRO3_DEFAULTS` (``kgp plugins --options eigenpro``;
     their sources in docs/solvers/eigenpro.md).
+
+    Data-parallel (``problem.shard``, docs/scaling-out.md): every rank draws the same subsamples and
+    batches over global row numbers (:mod:`.rows`), computes its rows' part of each batch's
+    ``K(Z, X_m) g`` and sums it over the ranks (one ``(p + q) x k`` all-reduce per batch); the rest
+    (preconditioner, projection, update, averaging) is replicated.
     """
 
     option_defaults: dict[str, Option] = EIGENPRO3_DEFAULTS
     uses_centers = True
+    supports_distributed = True
     name = "eigenpro"
 
     def fit(self, problem: Problem) -> KernelExpansion:
@@ -77,7 +94,8 @@ class EigenPro3Solver:
             raise ValueError(f"eigenpro: centers must be (p, {problem.X.shape[1]}), got {tuple(Z.shape)}")
         Z = Z.to(device=problem.device, dtype=problem.dtype)
         X, y = problem.X, checked_targets(problem)
-        n, p = X.shape[0], Z.shape[0]
+        rows = Rows(problem)
+        n, p = rows.n, Z.shape[0]
         s, q = resolve_subsample(owner, n, opts["subsample_size"], opts["q"], model_spans_points=p >= n)
         projection = opts["projection"]
         if projection == "auto":
@@ -107,7 +125,9 @@ class EigenPro3Solver:
             # held-out blocks K(Z, H) (p x h) and K(H, X_s) within the memory budget
             h = min(s, block_rows(max(p, s)))
             idx_s, idx_h, exact = draw_subsamples(n, s, h, gen, X.device, exact_cols=max(n, p))
-            pre, _, _ = nystrom_preconditioner(kop, X, idx_s, idx_h, exact, q, sigma2, white_noise=False)
+            points, idx_s, idx_h = rows.sample(idx_s, idx_h, exact)
+            pre, _, _ = nystrom_preconditioner(kop, points, idx_s, idx_h, exact, q, sigma2, white_noise=False, n=n)
+            H = points[idx_h]
             # ZE = K(Z, X_s) E (p x q): the paper's C = K(Z, X_s) Q_s kept in factored form, O(p q).
             ZE = kop(Z, pre.points) @ pre.E if pre.q > 0 else Z.new_zeros(p, 0)
             proj = (
@@ -117,13 +137,20 @@ class EigenPro3Solver:
             )
             whitened = projection == "cholesky" and opts["correction"] == "projected"
             if isinstance(proj, CholeskyProjection):
-                beta, lam_data, U = self._curvature(kop, X, Z, idx_h, exact, pre, ZE, proj, opts["correction"])
+                beta, lam_data, U = self._curvature(kop, H, n, Z, exact, pre, ZE, proj, opts["correction"])
             else:
                 U = None
                 beta = float(kernel_diagonal(kop, pre.points).max())
-                lam_data = self._power_top(kop, X[idx_h], Z, pre, ZE, proj, opts["correction"], n / len(idx_h), gen)
+                lam_data = self._power_top(kop, H, Z, pre, ZE, proj, opts["correction"], n / len(idx_h), gen)
             lam_top = lam_data + sigma2
             beta = beta + sigma2 / n
+            if rows.distributed:
+                # the batch size, the step and q decide how many all-reduces an epoch issues: rank 0's
+                # values everywhere (replicated from the same gathered rows, they differ in the last bits at most)
+                curv = torch.tensor([beta, lam_top], dtype=torch.float64, device=X.device)  # NCCL: on the GPU
+                setup = [pre.E, pre.d, ZE, curv] + ([proj.L] if isinstance(proj, CholeskyProjection) else [])
+                rows.replicate_(setup + ([U] if U is not None else []), q=pre.q)
+                beta, lam_top = (float(v) for v in curv)
             batch, step = critical_batch_and_step(beta, lam_top, n, opts["batch_size"])
             setup_time = time.perf_counter() - setup_start
 
@@ -131,7 +158,7 @@ class EigenPro3Solver:
             # whitened coordinates b = L^T alpha (K_ZZ + jitter = L L^T): the projected preconditioned
             # step is then L^{-T} (I - U d U^T) L^{-1} h, two triangular solves per batch (docs)
             b_white = torch.zeros_like(alpha) if whitened else None
-            y_scale = float(y.pow(2).mean()) or 1.0
+            y_scale = rows.mean_square() or 1.0
             average = TailAverage(alpha)
             log = EpochLog(self.name, y_scale)
             converged = stop = False
@@ -142,13 +169,21 @@ class EigenPro3Solver:
                 sq_sum = 0.0
                 for start in range(0, n, batch):
                     b = perm[start : start + batch]
-                    mb = b.shape[0]
+                    mb = b.shape[0]  # the global batch: its rows may sit on several ranks
                     t0 = time.perf_counter()
-                    Xb = X[b]
-                    g, grad = _batch_residual_gradient(kop, Xb, Z, alpha, y[b])
+                    Xb, yb = rows.batch(b)
+                    g, grad = _batch_residual_gradient(kop, Xb, Z, alpha, yb)
                     sq_sum += float(g.pow(2).sum())
+                    t_grad = time.perf_counter()
+                    paper = opts["correction"] == "paper" and not whitened and pre.q > 0
+                    eks = _paper_correction_sum(kop, Xb, g, pre) if paper else None
+                    t_corr = time.perf_counter()
+                    if rows.distributed:  # one all-reduce per batch: [K(Z, X_m) g; E^T K(X_s, X_m) g]
+                        summed = rows.sum_(torch.cat([grad, eks]) if paper else grad)
+                        grad, eks = (summed[:p], summed[p:]) if paper else (summed, None)
                     t1 = time.perf_counter()
-                    times["gradient"] += t1 - t0
+                    times["gradient"] += (t_grad - t0) + (t1 - t_corr)  # the batch sum's all-reduce included
+                    times["correction"] += t_corr - t_grad
                     eta = opts["lr_scale"] * step(mb) / n
                     if whitened:
                         L = proj.L
@@ -165,7 +200,7 @@ class EigenPro3Solver:
                         times["correction"] += t3 - t2
                     else:
                         theta = self._direction(
-                            kop, opts["correction"], Xb, g, grad, alpha, pre, ZE, proj, sigma2, n / mb, times, t1
+                            opts["correction"], eks, grad, alpha, pre, ZE, proj, sigma2, n / mb, times, t1
                         )
                         alpha.sub_(theta, alpha=eta)
                     if epoch >= first_avg:
@@ -173,7 +208,7 @@ class EigenPro3Solver:
                 if whitened:
                     # re-synchronise b = L^T alpha (rounding drift between the two updates)
                     torch.matmul(proj.L.mT, alpha, out=b_white)
-                train_mse = sq_sum / (n * y.shape[1])
+                train_mse = rows.sum_float(sq_sum) / (n * y.shape[1])
                 log.record(epoch, train_mse, alpha)
                 stop = monitor.step(
                     epoch,
@@ -201,8 +236,11 @@ class EigenPro3Solver:
 
     # ------------------------------------------------------------------ pieces
     @staticmethod
-    def _direction(kop, correction, Xb, g, grad, alpha, pre, ZE, proj, sigma2, scale, times, t_start) -> Tensor:
+    def _direction(correction, eks, grad, alpha, pre, ZE, proj, sigma2, scale, times, t_start) -> Tensor:
         r"""Search direction theta (coefficients on Z) for one batch; the caller subtracts ``eta theta``.
+
+        ``grad = K(Z, X_m) g`` and, for ``"paper"`` with ``q > 0``, ``eks = E^T K(X_s, X_m) g``
+        (:func:`_paper_correction_sum`): the batch sums, over all ranks in a distributed fit.
 
         ``correction="projected"``: ``u = proj_Z(F)``, ``theta = u - proj_Z(K(., X_s) Q_s K(X_s, Z) u)``
         = coefficients of ``proj_Z P_s proj_Z F`` with ``F = (n/m) K(., X_m) g + sigma^2 f``.
@@ -222,8 +260,7 @@ class EigenPro3Solver:
             times["projection"] += (t2 - t1) + (t4 - t3)
             return theta
         if pre.q > 0:
-            ks = kop(Xb, pre.points).to_dense().T @ g  # K(X_s, X_m) g
-            h = h - scale * (ZE @ (pre.d.unsqueeze(-1) * (pre.E.T @ ks)))
+            h = h - scale * (ZE @ (pre.d.unsqueeze(-1) * eks))
         if sigma2 and pre.q > 0:
             h = h - sigma2 * (ZE @ (pre.d.unsqueeze(-1) * (ZE.T @ alpha)))
         t1 = time.perf_counter()
@@ -233,16 +270,15 @@ class EigenPro3Solver:
         return theta
 
     @staticmethod
-    def _curvature(kop, X, Z, idx_h, exact, pre, ZE, proj, correction):
+    def _curvature(kop, H, n, Z, exact, pre, ZE, proj, correction):
         r"""Per-sample curvature and top eigenvalue (sum units) of the data term of the iteration map, on H.
 
         With ``K_ZZ = L L^T``, ``W = L^{-1} K(Z, H)`` and ``U = L^{-1} ZE`` the map ``alpha -> theta``
         restricted to the data term acts on span K(., H) as ``W^T (I - U D U^T) W`` (``"projected"``,
         symmetric) or ``W^T W - W^T U D E^T K(X_s, H)`` (``"paper"``); :func:`heldout_curvature` turns
-        its restriction to H into ``beta`` and ``lambda_top``. Returns ``(beta, lambda_top, U)``.
+        its restriction to H into ``beta`` and ``lambda_top``. ``H``: the held-out rows; ``n``: the
+        number of points they stand for. Returns ``(beta, lambda_top, U)``.
         """
-        n = X.shape[0]
-        H = X[idx_h]
         L = proj.L
         W = torch.linalg.solve_triangular(L, kop(Z, H).to_dense(), upper=False)
         U = torch.linalg.solve_triangular(L, ZE, upper=False) if pre.q > 0 else None
@@ -275,8 +311,9 @@ class EigenPro3Solver:
             v = v / v.norm()
             g = KHZ @ v
             times = {"correction": 0.0, "projection": 0.0}
+            eks = _paper_correction_sum(kop, H, g, pre) if correction == "paper" and pre.q > 0 else None
             w = EigenPro3Solver._direction(
-                kop, correction, H, g, KHZ.T @ g, v, pre, ZE, proj, 0.0, scale, times, time.perf_counter()
+                correction, eks, KHZ.T @ g, v, pre, ZE, proj, 0.0, scale, times, time.perf_counter()
             )
             ratios.append(float(w.norm()))
             v = w

@@ -36,8 +36,9 @@ class TailAverage:
 
 def checked_targets(problem: Problem) -> Tensor:
     y = problem.y
-    if y.dim() != 2 or y.shape[0] != problem.n:
-        raise ValueError(f"eigenpro: expected y of shape (n, k) with n={problem.n}, got {tuple(y.shape)}")
+    # n_local: the rows of X held here (all of them unless the fit is distributed)
+    if y.dim() != 2 or y.shape[0] != problem.n_local:
+        raise ValueError(f"eigenpro: expected y of shape (n, k) with n={problem.n_local}, got {tuple(y.shape)}")
     return y
 
 

@@ -143,6 +143,7 @@ def nystrom_preconditioner(
     q: int,
     noise: float,
     white_noise: bool,
+    n: int | None = None,
 ) -> tuple[NystromPreconditioner, Tensor, Tensor]:
     r"""Build the data preconditioner of EigenPro 2.0 / 3.0 (eq. 29-30) on the subsample ``points[idx_s]``.
 
@@ -160,6 +161,9 @@ def nystrom_preconditioner(
         sigma^2 of the curvature ``K_op + sigma^2 I`` (0 for interpolation).
     white_noise:
         EigenPro 2.0's kernel ``k + sigma^2 delta``: the Nystrom matrix is ``K(X_s, X_s) + sigma^2 I``.
+    n:
+        Number of points the samples stand for; default ``points.shape[0]``. A distributed fit passes
+        only the gathered rows of S and H as ``points`` (:class:`.rows.Rows`) and the global n here.
 
     Returns
     -------
@@ -167,7 +171,7 @@ def nystrom_preconditioner(
         The held-out blocks (``K' = K + shift delta``, the white-noise shift of EigenPro 2.0 included)
         are returned for the curvature estimate of :func:`heldout_curvature`.
     """
-    n = points.shape[0]
+    n = points.shape[0] if n is None else n
     s = idx_s.shape[0]
     sub = points[idx_s]
     K = kop(sub, sub).to_dense()
