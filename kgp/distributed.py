@@ -244,7 +244,12 @@ class Shard:
         if self.world_size == 1 or self.identical(tensors):
             return False
         for t in tensors:
-            self.broadcast_(t)
+            if t.is_contiguous():
+                self.broadcast_(t)
+            else:  # LAPACK factors are column-major views: a contiguous copy travels and is written back
+                c = t.contiguous()
+                self.broadcast_(c)
+                t.copy_(c)
         return True
 
     def sum_floats(self, *values: float) -> list[float]:

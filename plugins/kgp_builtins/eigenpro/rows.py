@@ -108,10 +108,4 @@ class Rows:
                 "the replicated setup differs beyond rounding (different torch builds or BLAS thread counts on "
                 "the ranks); run every rank with the same torch build and OMP_NUM_THREADS"
             )
-        # LAPACK results (the Cholesky factor, triangular solves) are column-major views; a broadcast
-        # needs contiguous memory, so contiguous copies travel and are written back
-        dense = [t.contiguous() for t in tensors]
-        if self.shard.replicate_(dense):
-            for t, c in zip(tensors, dense):
-                if c is not t:
-                    t.copy_(c)
+        self.shard.replicate_(tensors)  # column-major LAPACK factors included
