@@ -605,3 +605,14 @@ def test_off_data_check_is_quiet_where_dsg_matches_exact():
         model = kgp.KernelRegressor(kernel, noise=1e-2, solver="dsg", random_state=0).fit(X, y)
     assert model.predictor_.schedule["off_data_score"] < 0.1
     assert _r2_test(model.predict(Xt), yt) == pytest.approx(_r2_test(_exact(kernel, X, y, Xt, 1e-2), yt), abs=0.01)
+
+
+@pytest.mark.parametrize("opts", [{"passes": 50}, {"update": "gradient", "passes": 50}])
+def test_more_passes_on_isolated_points_still_warn(opts):
+    """Issue 12 reported R^2 -7.1 with 50 passes on rounded inputs. Measured on the d = 5 case above:
+    R^2 -0.31 (least_squares, 50 passes) and -0.68 (gradient, 50 passes) against exact 0.35; both warn."""
+    X, y, Xt, yt = _rounded_synthetic(5)
+    model = kgp.KernelRegressor(_kernel("rbf", 1.0), noise=1e-2, solver="dsg", random_state=0, solver_options=opts)
+    with pytest.warns(kgp.ConvergenceWarning, match="away from the training data"):
+        model.fit(X, y)
+    assert _r2_test(model.predict(Xt), yt) < 0.0
