@@ -22,7 +22,10 @@ Two update rules (option ``update``; docs/solvers/dsg.md):
 - ``"gradient"``: the plain step of eq. 6 below, with the step-size rule of :meth:`_gamma_max`.
 
 Both raise :class:`kgp.DivergenceError` on non-finite coefficients or a growing training loss and
-warn (:class:`kgp.ConvergenceWarning`) when a run ends far from converged (:mod:`.checks`). Inputs
+warn (:class:`kgp.ConvergenceWarning`) when a run ends far from converged, or when the model's
+random-feature noise would dominate its predictions at new points because the training points are
+isolated at the kernel's lengthscale (:mod:`.checks`; the ``least_squares`` remedy is the option
+``shrink``, which takes only a fraction of each block fit). Inputs
 are centred on the training mean before the features (the phases stay small; the kernel is
 shift-invariant), and inputs whose phases would carry no precision are refused.
 
