@@ -216,7 +216,9 @@ def test_ridge_agrees_with_falkon_if_registered():
 @pytest.mark.parametrize("kernel_name,ls", [("laplacian", 2.0), ("rbf", 1.0)])
 def test_preconditioning_lowers_training_error_at_fixed_epochs(kernel_name, ls):
     """Excess training MSE over the least-squares optimum on the same centers after 3 epochs
-    (measured: q = 100 gives 2.7x (Laplacian) and 4x (Gaussian) less than q = 0)."""
+    (measured: q = 100 gives 2.7x (Laplacian) and 1.7x (Gaussian) less than q = 0; the Gaussian's was 4x
+    before the batch floor M / 16 of issue 12 lifted q = 0's batch from m* = 7 to 25, which lowered
+    q = 0's excess from 0.125 to 0.075; q = 100's batch, m* = 273, is unchanged)."""
     g = torch.Generator().manual_seed(5)
     X = torch.randn(2000, 4, generator=g, dtype=torch.float64)
     y = torch.sign(torch.sin(2 * X[:, :1]) * torch.cos(X[:, 1:2]))
@@ -231,7 +233,7 @@ def test_preconditioning_lowers_training_error_at_fixed_epochs(kernel_name, ls):
         # extras["q"]: the directions actually damped, those whose curvature exceeds the level left
         # outside the subsample (57 of 100 for the Laplacian here, docs)
         assert (model.history_[0].extras["q"] > 0) == (q > 0) and model.history_[0].extras["q"] <= q
-    assert 0 < excess[100] < 0.5 * excess[0], excess
+    assert 0 < excess[100] < 0.7 * excess[0], excess
 
 
 # ----------------------------------------------------------------------------- real data, centers off the data
@@ -685,3 +687,42 @@ def test_default_q_damps_every_direction_when_the_subsample_is_every_point():
         # the convergence warning follows: silent at 0.6%, raised at 6%
         assert any(issubclass(w.category, kgp.ConvergenceWarning) for w in caught) == (q == 100), (q, errors)
     assert errors[None] < 0.02 and errors[100] > 3 * errors[None], errors
+
+
+# ----------------------------------------------------------------------------- batch floor (issue 12)
+def test_batch_floor_rule_closed_form():
+    """m* = beta / (lam_top / n); the default batch is max(m*, floor) capped at n; an explicit batch is kept;
+    the step m / (beta + (m - 1) lam) stays below the full-gradient stability bound 2 / lam."""
+    from kgp_builtins.eigenpro.nystrom import batch_floor, critical_batch, critical_batch_and_step
+
+    beta, lam_top, n = 2.0, 1000.0, 1000  # lam = 1, m* = 2
+    assert critical_batch(beta, lam_top, n) == 2
+    m, step = critical_batch_and_step(beta, lam_top, n, None, floor=10)
+    assert m == 10 and step(10) == pytest.approx(10 / 11) and step(10) < 2.0
+    assert step(2) == pytest.approx(2 / 3)  # at m*: half the saturated step 1 / lam
+    assert critical_batch_and_step(beta, lam_top, n, 3, floor=10)[0] == 3
+    assert critical_batch_and_step(beta, lam_top, n, None, floor=5000)[0] == n
+    assert critical_batch_and_step(beta, 10.0, n, None, floor=10)[0] == 200  # m* = 200 above the floor
+    assert batch_floor(5000) == 313 and batch_floor(1600) == 100 and batch_floor(1) == 1
+
+
+def test_small_critical_batch_is_floored_and_still_matches_the_oracle():
+    """A smooth kernel (l = 8, d = 2, noise 1): m* = 28 below the floor M / 16 = 50 for M = 800 centers
+    (on tamielectric m* = 14 made an epoch 2,600 batches of two 5,000^2 triangular solves). The floored
+    batch takes the saturated step and matches the Nystrom oracle as closely as the batch m*."""
+    g = torch.Generator().manual_seed(0)
+    n, p = 3000, 800
+    X = torch.randn(n + 500, 2, generator=g, dtype=torch.float64)
+    y = torch.sin(2 * X[:, 0]) + 0.3 * X[:, 1] + 0.3 * torch.randn(n + 500, generator=g, dtype=torch.float64)
+    Z = X[torch.randperm(n, generator=g)[:p]]
+    k = kgp.kernels.make_kernel("rbf", 8.0)
+    oracle = torch.as_tensor(_nystrom_mean_at(k, X[:n], y[:n], Z, 1.0, X[n:]))
+    floored = _fit(X[:n], y[:n], Z, k, noise=1.0)
+    extras = floored.history_[-1].extras
+    assert extras["batch_size"] == 50 and extras["critical_batch"] == 28
+    at_mstar = _fit(X[:n], y[:n], Z, k, noise=1.0, batch_size=28)
+    assert at_mstar.history_[-1].extras["batch_size"] == 28
+    err_floor = _rel(floored.predict(X[n:]), oracle)
+    err_mstar = _rel(at_mstar.predict(X[n:]), oracle)
+    # measured: 0.0037 (floor) and 0.0038 (m*)
+    assert err_floor < 0.01 and err_floor < 1.5 * err_mstar

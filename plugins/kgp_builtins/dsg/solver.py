@@ -22,7 +22,10 @@ Two update rules (option ``update``; docs/solvers/dsg.md):
 - ``"gradient"``: the plain step of eq. 6 below, with the step-size rule of :meth:`_gamma_max`.
 
 Both raise :class:`kgp.DivergenceError` on non-finite coefficients or a growing training loss and
-warn (:class:`kgp.ConvergenceWarning`) when a run ends far from converged (:mod:`.checks`). Inputs
+warn (:class:`kgp.ConvergenceWarning`) when a run ends far from converged, or when the model's
+random-feature noise would dominate its predictions at new points because the training points are
+isolated at the kernel's lengthscale (:mod:`.checks`; the ``least_squares`` remedy is the option
+``shrink``, which takes only a fraction of each block fit). Inputs
 are centred on the training mean before the features (the phases stay small; the kernel is
 shift-invariant), and inputs whose phases would carry no precision are refused.
 
@@ -70,7 +73,7 @@ from kgp.linalg import largest_eigenvalue
 from kgp.options import InvalidOptionError, Option
 from kgp.plugin import Problem, merge_options
 
-from .checks import LossTrace, scaled_inputs_checked
+from .checks import LossTrace, isolated_fraction, off_data_noise, scaled_inputs_checked, warn_if_noisy_off_data
 from .features import RandomFeatureExpansion, RandomFeatureMap
 from .least_squares import solve_block
 from .spectra import SpectralSampler, spectral_sampler
@@ -89,6 +92,9 @@ _LS_FEATURES_PER_POINT = 20
 _LS_POINTS_CAP = 5000
 _GRADIENT_FEATURES = 64
 _GRADIENT_BATCH = 256
+# Training points sampled for the isolation estimate of the off-data noise check, and rows per kernel block.
+_ISOLATION_SAMPLE = 512
+_ISOLATION_BLOCK = 8192
 
 
 class DSGSolver:
@@ -146,6 +152,14 @@ class DSGSolver:
             minimum=0.0,
             allow_none=True,
             help="least_squares: ridge rho of each block fit; None: nu T (T = steps after the call)",
+        ),
+        "shrink": Option.number(
+            1.0,
+            minimum=0.0,
+            exclusive_minimum=True,
+            maximum=1.0,
+            help="least_squares: fraction of each block fit that is taken (1: all); 0.2 for points isolated at the "
+            "lengthscale (rounded / discrete features)",
         ),
         "gram_rows": Option.integer(
             2048,
@@ -231,6 +245,25 @@ class DSGSolver:
             lam1 = largest_eigenvalue(K) / q
         s = sampler.outputscale
         return min(1.0 / (lam1 + s / m), r * m / (n * s))
+
+    def _isolated(self, problem: Problem, sampler: SpectralSampler, sums: _Sums) -> float:
+        """Estimated fraction of new points with no training point near them (:func:`.checks.isolated_fraction`).
+
+        The neighbour mass of q <= 512 random training points against all n, in row blocks of X
+        (``q x 8192`` kernel entries at a time); distributed, every rank adds its rows' part.
+        """
+        n = problem.n
+        q = min(n, _ISOLATION_SAMPLE)
+        idx = torch.randperm(n, generator=problem.generator)[:q].to(problem.device)
+        X = problem.X
+        Xq = X[idx] if problem.shard is None else problem.shard.take_rows(X, idx)
+        rows = torch.zeros(q, dtype=torch.float64, device=X.device)
+        with torch.no_grad():
+            for start in range(0, X.shape[0], _ISOLATION_BLOCK):
+                block = problem.kernel_operator(X[start : start + _ISOLATION_BLOCK], Xq).to_dense()
+                rows += block.sum(0).to(torch.float64)
+        rows = sums.tensor(rows)
+        return float(isolated_fraction(rows, sampler.outputscale).mean())
 
     def _run(
         self, problem: Problem, previous: RandomFeatureExpansion | None, opts: Mapping[str, Any], passes: int | None
@@ -371,6 +404,8 @@ class DSGSolver:
                             positions=positions,
                             reduce=sums.tensor,
                         )
+                        if opts["shrink"] != 1.0:
+                            a.mul_(opts["shrink"])
                         C[t - 1] = a.to(C.dtype)
                         trace.check_coefficients(C[t - 1], t)
                         F.addmm_(Phi_all, C[t - 1])
@@ -436,6 +471,11 @@ class DSGSolver:
             schedule["moved"] = trace.finish(
                 what=f"the run of {done} steps ({t * r} features)", remedy="raise the option passes" + more, moved=moved
             )
+            if n and y_sq > 0:
+                isolated = self._isolated(problem, sampler, sums)
+                noise, score = off_data_noise(C[:t] * S, sampler.outputscale, y_sq, isolated)
+                schedule.update(off_data_noise=noise, isolated=isolated, off_data_score=score)
+                warn_if_noisy_off_data(noise, score, isolated, y_sq, least_squares=least_squares)
         return RandomFeatureExpansion(problem.kernel, C[:t] * S, seed, schedule, shift)
 
 

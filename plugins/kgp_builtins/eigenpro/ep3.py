@@ -32,6 +32,8 @@ from .budget import ITEMSIZE, block_rows, kernel_diagonal
 from .iterates import EpochLog, TailAverage, checked_targets
 from .nystrom import (
     KernelOpFactory,
+    batch_floor,
+    critical_batch,
     critical_batch_and_step,
     draw_subsamples,
     heldout_curvature,
@@ -151,7 +153,9 @@ class EigenPro3Solver:
                 setup = [pre.E, pre.d, ZE, curv] + ([proj.L] if isinstance(proj, CholeskyProjection) else [])
                 rows.replicate_(setup + ([U] if U is not None else []), q=pre.q)
                 beta, lam_top = (float(v) for v in curv)
-            batch, step = critical_batch_and_step(beta, lam_top, n, opts["batch_size"])
+            # a floor on the default batch: each batch pays two M x M triangular solves (batch_floor)
+            floor = batch_floor(p) if isinstance(proj, CholeskyProjection) else 1
+            batch, step = critical_batch_and_step(beta, lam_top, n, opts["batch_size"], floor)
             setup_time = time.perf_counter() - setup_start
 
             alpha = torch.zeros(p, y.shape[1], dtype=X.dtype, device=X.device)
@@ -215,6 +219,7 @@ class EigenPro3Solver:
                     lambda: KernelExpansion(problem.kernel, Z, average.current().clone()),
                     train_mse=train_mse,
                     batch_size=batch,
+                    critical_batch=critical_batch(beta, lam_top, n),
                     step_size=opts["lr_scale"] * step(batch),
                     top_eigenvalue=lam_top,
                     beta=beta,

@@ -33,6 +33,9 @@ from .budget import block_rows
 __all__ = [
     "KernelOpFactory",
     "NystromPreconditioner",
+    "BATCH_FLOOR_PER_CENTER",
+    "batch_floor",
+    "critical_batch",
     "critical_batch_and_step",
     "draw_subsamples",
     "heldout_curvature",
@@ -283,22 +286,50 @@ def heldout_curvature(M: Tensor, n: int, exact: bool) -> tuple[float, float]:
     return beta, (n - 1) / (h - 1) * max(off, 0.0) + beta
 
 
-def critical_batch_and_step(beta: float, lam_top: float, n: int, batch_size: int | None) -> tuple[int, Callable]:
+def critical_batch(beta: float, lam_top: float, n: int) -> int:
+    """The critical batch ``m* = beta / lambda`` (``lambda = lam_top / n``), in ``[1, n]``."""
+    lam = max(lam_top / n, 1e-300)
+    return int(min(n, max(1, round(beta / lam))))
+
+
+def critical_batch_and_step(
+    beta: float, lam_top: float, n: int, batch_size: int | None, floor: int = 1
+) -> tuple[int, Callable]:
     r"""Batch size and step rule of EigenPro 2.0 (Ma & Belkin 2019; EigenPro 3 Sec. 4.5).
 
     With per-sample curvature bound ``beta`` and top preconditioned eigenvalue per sample
     ``lam = lam_top / n``, the critical batch is ``m* = beta / lam`` and the step for a batch of
     m samples is ``eta_m = m / (beta + (m - 1) lam)`` in per-sample units (the update subtracts
     ``eta_m / m`` times the summed batch gradient: the paper's ``(n/m) eta`` with ``eta = eta_m / n``).
+    That step is the optimal one for every m (Ma, Bassily & Belkin 2018, Thm. 4): linear in m
+    (``m / beta``) well below m*, and saturating at ``1 / lam`` (the full-gradient step, stable
+    below ``2 / lam``) above it, so a batch above m* keeps a stable step.
+
+    ``floor``: the default batch is ``max(m*, floor)`` (capped at n): the solver's per-batch overhead
+    (EigenPro 3: two triangular solves with the M x M Cholesky factor) makes batches far below it
+    cost more per row than they gain per step (:func:`batch_floor`). An explicit ``batch_size`` is
+    taken as given.
     """
     lam = max(lam_top / n, 1e-300)
-    m = batch_size if batch_size is not None else int(min(n, max(1, round(beta / lam))))
+    m = batch_size if batch_size is not None else max(critical_batch(beta, lam_top, n), int(floor))
     m = min(m, n)
 
     def step(mb: int) -> float:
         return mb / (beta + (mb - 1) * lam)
 
     return m, step
+
+
+#: Default batch floor per model center (EigenPro 3, Cholesky projection): M / 16. Measured on
+#: tamielectric (M = 5,000, d = 3, float32, docs/solvers/eigenpro.md "Batch floor"): a batch costs
+#: ~16 ms of fixed work (the two triangular solves, 13-15 ms) plus ~53 us per row (the K(X_b, Z)
+#: passes), so the two balance at m ~ 300 = M / 16; both terms scale with M (M^2 vs M per row).
+BATCH_FLOOR_PER_CENTER = 1.0 / 16.0
+
+
+def batch_floor(n_centers: int) -> int:
+    """Smallest default batch for a model on ``n_centers`` centers: ``ceil(n_centers / 16)``."""
+    return max(1, -(-int(n_centers) // int(round(1.0 / BATCH_FLOOR_PER_CENTER))))
 
 
 def symmetric_top_eigenvalue(M: Tensor) -> float:

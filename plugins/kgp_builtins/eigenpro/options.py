@@ -36,7 +36,10 @@ _COMMON: dict[str, Option] = {
     # The critical batch m* = beta / lambda_top of EigenPro 2.0 (Ma & Belkin 2019; EigenPro 3 Sec. 4.5 /
     # reference code) is where larger batches stop paying off.
     "batch_size": Option.integer(
-        None, minimum=1, allow_none=True, help="minibatch size m; None: the critical batch m* = beta / lambda_top"
+        None,
+        minimum=1,
+        allow_none=True,
+        help="minibatch size m; None: the critical batch m* = beta / lambda_top (eigenpro: at least M / 16)",
     ),
     "subsample_size": Option.integer(
         None,
