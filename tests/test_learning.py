@@ -191,11 +191,28 @@ class _NaNAfterTwo:
         return loss
 
 
+class _NotPSDAtTwo(_NaNAfterTwo):
+    """Fails at the second evaluation as a Cholesky does at an extreme L-BFGS trial point."""
+
+    def prepare(self, problem):
+        inner = super().prepare(problem)
+        calls = []
+
+        def loss(noise, mean):
+            calls.append(1)
+            if len(calls) == 2:
+                raise kgp.linalg.NotPSDError("S (5 x 5, torch.float64) is not positive definite")
+            return inner(noise, mean)
+
+        return loss
+
+
 class _NaNPlugin:
     @staticmethod
     @kgp.hookimpl
     def register_objectives(register):
         register("nan-after-two", _NaNAfterTwo())
+        register("not-psd-at-two", _NotPSDAtTwo())
 
 
 def test_bad_input_errors():
@@ -207,6 +224,12 @@ def test_bad_input_errors():
             match=r"objective is nan at step 3; hyperparameters: outputscale=.*, base_kernel.lengthscale=.*, noise=",
         ):
             kgp.KernelRegressor("rbf", learn="nan-after-two", learn_options={"lr": 0.01}).fit(X, y)
+        with pytest.raises(
+            kgp.linalg.NotPSDError,
+            match=r"learn 'not-psd-at-two': step 2 failed: S \(5 x 5.*Hyperparameters at that step: outputscale=.*"
+            r"noise=.*Remedy: learn_options=\{'optimizer': 'adam'\}",
+        ):
+            kgp.KernelRegressor("rbf", learn="not-psd-at-two", learn_options={"lr": 0.01}).fit(X, y)
     finally:
         kgp.unregister("nan-plugin")
     with pytest.raises(

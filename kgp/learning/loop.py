@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from ..diagnostics import DivergenceError
+from ..linalg import NotPSDError
 from ..monitor import Monitor
 from ..options import Option, merge_options
 from ..plugin import Centers
@@ -251,7 +252,17 @@ def learn_hyperparameters(
             # L-BFGS: each evaluation of its line search)
             opt.zero_grad()
             step = len(history) + 1
-            value = total()
+            try:
+                value = total()
+            except NotPSDError as exc:
+                # an optimizer trial point (L-BFGS line searches reach far) where a factorization failed:
+                # name the step and the values, as for a non-finite objective
+                noise_now = float(constraint.transform(raw_noise).detach())
+                raise NotPSDError(
+                    f"learn {objective!r}: step {step} failed: {exc}. Hyperparameters at that step: "
+                    f"{_state(kernel, noise_now, mean_t)}. Remedy: learn_options={{'optimizer': 'adam'}} (bounded "
+                    "steps), a smaller 'lr', or a larger 'min_noise'"
+                ) from exc
             _check_finite(value, objective, step, kernel, constraint.transform(raw_noise), mean_t)
             value.backward()
             history.append(float(value.detach()))
@@ -314,14 +325,18 @@ def hyperparameter_values(kernel: gpytorch.kernels.Kernel) -> dict[str, list[flo
 def _check_finite(value: Tensor, objective: str, step: int, kernel, noise: Tensor, mean: Tensor) -> None:
     if bool(torch.isfinite(value)):
         return
-    hypers = ", ".join(f"{k}={_fmt(v)}" for k, v in hyperparameter_values(kernel).items())
     raise DivergenceError(
-        f"learn {objective!r}: the objective is {float(value.detach())} at step {step}; hyperparameters: {hypers}, "
-        f"noise={float(noise.detach()):.6g}, mean={_fmt(mean.detach().reshape(-1).tolist())}; "
+        f"learn {objective!r}: the objective is {float(value.detach())} at step {step}; hyperparameters: "
+        f"{_state(kernel, float(noise.detach()), mean)}; "
         "likely cause: a step size too large for the data's scale, or a noise variance too small for the kernel "
         "matrix to be positive definite; remedy: lower learn_options['lr'], raise learn_options['min_noise'], "
         "or use normalize_y=True"
     )
+
+
+def _state(kernel, noise: float, mean: Tensor) -> str:
+    hypers = ", ".join(f"{k}={_fmt(v)}" for k, v in hyperparameter_values(kernel).items())
+    return f"{hypers}, noise={noise:.6g}, mean={_fmt(mean.detach().reshape(-1).tolist())}"
 
 
 def _fmt(value: Any) -> str:
