@@ -115,40 +115,26 @@ def _worker(rank: int, world: int, threads: int, port: int, args: dict, out: str
             return original(self, t)
 
         kdist.Shard.all_reduce_ = counting
-    if args["solver"] == "eigenpro":
-        model = kgp.KernelRegressor(
-            "rbf",
-            lengthscale=LENGTHSCALE,
-            noise=LAM * n,
-            solver="eigenpro",
-            centers="uniform",
-            n_centers=args["m"],
-            random_state=0,
-            callback=callback,
-            solver_options={"epochs": args["maxiter"]},
-        )
-    elif args["solver"] == "dsg":
-        model = kgp.KernelRegressor(
-            "rbf",
-            lengthscale=LENGTHSCALE,
-            noise=LAM * n,
-            solver="dsg",
-            random_state=0,
-            callback=callback,
-            solver_options={"passes": args["maxiter"]},
-        )
-    else:
-        model = kgp.KernelRegressor(
-            "rbf",
-            lengthscale=LENGTHSCALE,
-            noise=LAM * n,
-            solver="falkon",
-            centers="uniform",
-            n_centers=args["m"],
-            random_state=0,
-            callback=callback,
-            solver_options={"maxiter": args["maxiter"], "tol": 0.0, "kernel_cache": "never", "residual_every": 0},
-        )
+    # what differs between the solvers; everything else is one constructor call
+    per_solver = {
+        "eigenpro": ({"centers": "uniform", "n_centers": args["m"]}, {"epochs": args["maxiter"]}),
+        "dsg": ({}, {"passes": args["maxiter"]}),
+        "falkon": (
+            {"centers": "uniform", "n_centers": args["m"]},
+            {"maxiter": args["maxiter"], "tol": 0.0, "kernel_cache": "never", "residual_every": 0},
+        ),
+    }
+    centers, options = per_solver[args["solver"]]
+    model = kgp.KernelRegressor(
+        "rbf",
+        lengthscale=LENGTHSCALE,
+        noise=LAM * n,
+        solver=args["solver"],
+        random_state=0,
+        callback=callback,
+        solver_options=options,
+        **centers,
+    )
     start = time.perf_counter()
     model.fit(X_local, y_local, distributed=world > 1)
     total = time.perf_counter() - start
