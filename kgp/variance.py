@@ -79,12 +79,10 @@ def exact_factors(kernel: gpytorch.kernels.Kernel, X: Tensor, noise: float) -> V
 
 def nystrom_factors(kernel: gpytorch.kernels.Kernel, X: Tensor, Z: Tensor, noise: float) -> VarianceFactors:
     """Cholesky factors of ``K_MM`` and ``noise K_MM + K_Mn K_nM`` (one streamed pass over X)."""
-    m = Z.shape[0]
     with torch.no_grad():
         kmm = kernel_operator(kernel, Z).to_dense()
-        gram = kernel_operator(kernel, X, Z).fused_matmul(torch.eye(m, dtype=X.dtype, device=X.device))
-        S = noise * kmm + gram
-        S = 0.5 * (S + S.T)
+        S = kernel_operator(kernel, X, Z).gram().add_(kmm, alpha=noise)
+        S = 0.5 * (S + S.T)  # kmm is symmetric only to rounding
         L = psd_cholesky(kmm, what="K_MM of the centers", remedy="use fewer or better-spread centers, or float64")
         L_s = psd_cholesky(S, what="noise*K_MM + K_Mn K_nM", remedy="use float64")
     return VarianceFactors("nystrom", Z, L, L_s, noise)

@@ -145,6 +145,35 @@ def test_generic_fallback_matches_gpytorch(kernel):
         assert rel_err(sq.diagonal(), kernel(X, X, diag=True), K.abs().max()) < 1e-12
 
 
+@pytest.mark.parametrize(
+    "kernel",
+    [make_kernel("scale_rbf_ard", 5), make_kernel("matern32", 5), gpytorch.kernels.PeriodicKernel().double()],
+    ids=["scale_rbf_ard", "matern32", "generic_periodic"],
+)
+@pytest.mark.parametrize("m", [67, 601], ids=["one_panel", "three_panels"])
+def test_gram_equals_dense_kt_k(kernel, m):
+    # the panelled upper triangle, mirrored, must equal the plain product, over several row blocks
+    X, Z = data(n=700, m=m)
+    K = gpytorch_dense(kernel, X, Z)
+    with settings.block_rows(97):
+        got = kernel_operator(kernel, X, Z).gram()
+    ref = K.T @ K
+    assert not got.requires_grad
+    assert torch.equal(got, got.T)
+    assert rel_err(got, ref, ref.abs().max()) < 1e-12
+
+
+def test_gram_stays_under_budget():
+    n, m = 30_000, 300
+    X, Z = data(n=n, m=m, d=4, dtype=torch.float32)
+    budget = 2**20
+    op = kernel_operator(make_kernel("scale_matern52", 4, torch.float32), X, Z)
+    with settings.memory_budget(budget), LargestOutput() as rec:
+        op.gram()
+    # the m x m result and its mirrored copy are the largest objects; nothing n x m
+    assert rec.largest <= max(m * m, n * 6), (rec.largest, rec.op)
+
+
 def test_matern_ard_is_fast():
     # ARD lengthscales are a diagonal rescaling: the fast path covers them
     op = kernel_operator(gpytorch.kernels.MaternKernel(nu=1.5, ard_num_dims=3), torch.randn(4, 3))
