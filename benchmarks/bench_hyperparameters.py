@@ -11,7 +11,8 @@ Per set (``benchmarks/uci.py`` protocol: seeded 80/20 split, z-scored with train
     GaussianLikelihood) trained with Adam (lr 0.1, 100 steps) on the exact marginal likelihood of a
     random 3,000-point subset, then an exact Cholesky solve on the full training set (float64);
 (b) kgp ``learn="sgpr"`` on the full training set (``--learn-centers`` inducing points, uniform,
-    ``--learn-iterations`` L-BFGS evaluations), then FALKON (``--centers`` uniform centers, 20 CG
+    ``--learn-iterations`` L-BFGS evaluations; ``--refit-subset``: outputscale and noise re-estimated
+    by the exact likelihood of that many rows), then FALKON (``--centers`` uniform centers, 20 CG
     iterations) with the learned kernel, noise and mean;
 (c) kgp ``learn="exact"`` on a random 3,000-point subset (Adam, lr 0.1, 100 steps, as (a)), then the
     same FALKON solve.
@@ -152,6 +153,8 @@ def kgp_run(split: uci.Split, learn: str, args, seed: int, spec: str = "sgpr") -
         init["lengthscale"] = float(init_spec)
     if learn == "b":
         options = {"optimizer": args.learn_optimizer, "iterations": args.learn_iterations}
+        if args.refit_subset:
+            options["refit_subset"] = args.refit_subset
         if objective == "holdout-mse":
             objective, options = "holdout", {**options, "score": "mse"}
         learner = kgp.KernelRegressor(
@@ -215,6 +218,12 @@ def main(argv=None) -> int:
     parser.add_argument("--learn-optimizer", default="lbfgs", help="optimizer of (b): lbfgs or adam")
     parser.add_argument(
         "--init-lengthscale", default="default", help="(b)'s initial ARD lengthscale: default, sqrt-d, or a number"
+    )
+    parser.add_argument(
+        "--refit-subset",
+        type=int,
+        default=0,
+        help="(b): learn_options['refit_subset'] (outputscale and noise re-estimated on this many rows; 0: off)",
     )
     parser.add_argument("--centers", type=int, default=2000, help="FALKON centers of (b) and (c)")
     parser.add_argument("--max-exact", type=int, default=40_000, help="largest training set for (a)")

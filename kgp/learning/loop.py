@@ -30,6 +30,7 @@ from ..plugin import Centers
 from ..registry import get_objective
 from .bounds import LengthscaleFloors
 from .problem import LearningProblem
+from .refit import refit_scale_and_noise
 
 __all__ = ["LEARN_OPTIONS", "LearnResult", "learn_hyperparameters"]
 
@@ -54,6 +55,13 @@ LEARN_OPTIONS: dict[str, Option] = {
     ),
     "learn_noise": Option.boolean(True, help="train the noise variance (False: keep the model's noise)"),
     "learn_mean": Option.boolean(True, help="train a constant mean per output (False: keep the initial mean)"),
+    "refit_subset": Option.integer(
+        None,
+        minimum=2,
+        allow_none=True,
+        help="after the objective, re-estimate the outputscale and the noise by the exact marginal likelihood of "
+        "this many random rows, the other hyperparameters fixed (kgp.learning.refit); None: off",
+    ),
 }
 """Options of the loop itself, accepted in ``learn_options`` next to the objective's own options."""
 
@@ -77,6 +85,9 @@ class LearnResult:
         update; at each function evaluation of L-BFGS (its line search included).
     options:
         The merged options (loop's and objective's).
+    refit:
+        With ``refit_subset``: what the refit changed (:class:`kgp.learning.refit.RefitResult` as a
+        dict), else None.
     """
 
     kernel: gpytorch.kernels.Kernel
@@ -84,6 +95,7 @@ class LearnResult:
     mean: Tensor
     history: list[float] = field(default_factory=list)
     options: dict[str, Any] = field(default_factory=dict)
+    refit: dict[str, Any] | None = None
 
 
 def split_learn_options(name: str, objective: Any, given: dict[str, Any] | None) -> tuple[dict, dict]:
@@ -197,6 +209,11 @@ def learn_hyperparameters(
             "declare supports_distributed = True. Use learn='sgpr', or learn='exact' with learn_options={'subset': S}"
         )
     loop, obj_options = split_learn_options(objective, obj, options)
+    if shard is not None and loop["refit_subset"] is not None:
+        raise ValueError(
+            "learn_options['refit_subset'] is not supported in a distributed fit (its subset is not gathered "
+            "across ranks); drop it"
+        )
     Y = y.unsqueeze(-1) if y.dim() == 1 else y
     if getattr(obj, "uses_centers", False) and centers is None:
         raise ValueError(f"objective {objective!r} needs centers (inducing points); pass centers or n_centers")
@@ -291,12 +308,28 @@ def learn_hyperparameters(
         )
     for p in params:
         p.grad = None
+    learned_noise = float(constraint.transform(raw_noise).detach())
+    refit = None
+    if loop["refit_subset"] is not None:
+        learned_noise, result = refit_scale_and_noise(
+            X,
+            Y,
+            kernel,
+            noise=learned_noise,
+            mean=mean_t.detach(),
+            rows=loop["refit_subset"],
+            min_noise=min_noise,
+            learn_noise=loop["learn_noise"],
+            generator=problem.generator,
+        )
+        refit = result.as_dict()
     return LearnResult(
         kernel=kernel,
-        noise=float(constraint.transform(raw_noise).detach()),
+        noise=learned_noise,
         mean=mean_t.detach().clone(),
         history=history,
         options={**loop, **obj_options},
+        refit=refit,
     )
 
 

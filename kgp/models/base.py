@@ -302,6 +302,7 @@ class BaseKernelModel(SklearnProtocol):
         Y, scaling = _normalize(Y, self.normalize_y, shard)
         start = time.perf_counter()
         noise, mean, learn_history = float(self.noise), torch.zeros(Y.shape[1], dtype=Y.dtype, device=Y.device), []
+        learn_refit = None
         # the solver fits (y - shift) / scale - mean: validation predictions are mapped back before scoring
         shift = {"mean": mean, **scaling}
         metric = _in_target_units(self._validation_metric, shift) if (scaling or setup.objective) else None
@@ -332,6 +333,7 @@ class BaseKernelModel(SklearnProtocol):
                     shard.replicate_([p.data for p in kernel.parameters()] + [learned.mean])
                 monitor.close()  # the solver's stage starts its own bar
                 noise, mean, learn_history = learned.noise, learned.mean, learned.history
+                learn_refit = learned.refit
                 shift["mean"] = mean
                 kernel = _without_grads(kernel)
             solver_centers = centers if setup.solver.uses_centers else None
@@ -356,7 +358,7 @@ class BaseKernelModel(SklearnProtocol):
             chunks_seen=1,  # a partial_fit continuing this fit draws from seed + 2 on
             shard=shard,
             feature_names=feature_names,
-            gp={"noise": noise, "mean": mean, **scaling, "learn_history": learn_history},
+            gp={"noise": noise, "mean": mean, **scaling, "learn_history": learn_history, "learn_refit": learn_refit},
         )
         self._X_train = Xt  # for the Nystrom predictive variance, computed on the first return_std call
         return self
@@ -468,6 +470,7 @@ class BaseKernelModel(SklearnProtocol):
         self._y_train_mean = _as_vector(gp.get("y_train_mean"), like, 0.0)
         self._y_train_std = _as_vector(gp.get("y_train_std"), like, 1.0)
         self.learn_history_ = list(gp.get("learn_history", []))
+        self.learn_refit_ = gp.get("learn_refit")
         self._X_train = None
         self._variance = VarianceFactors.from_state(gp["variance"]) if "variance" in gp else None
         self.kernel_ = kernel
@@ -617,6 +620,10 @@ class BaseKernelModel(SklearnProtocol):
             "y_train_std": self._y_train_std.detach().cpu(),
             "learn_history": [float(v) for v in self.learn_history_],
         }
+        if self.learn_refit_ is not None:
+            fitted["gp"]["learn_refit"] = {
+                k: (list(v) if isinstance(v, tuple) else v) for k, v in self.learn_refit_.items()
+            }
         if self._variance is not None:
             fitted["gp"]["variance"] = {
                 k: (v.detach().cpu() if torch.is_tensor(v) else v) for k, v in self._variance.state_dict().items()

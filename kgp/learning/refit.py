@@ -1,0 +1,199 @@
+"""Re-estimate the outputscale and the noise on a subset after learning (``learn_options['refit_subset']``).
+
+Why: an inducing-point bound explains the part of the data its M centers cannot represent as noise
+(the trace term of Titsias 2009, eq. 9; Bauer, van der Wilk & Rasmussen 2016), so ``sgpr`` with few
+centers learns a noise variance many times too large, and a solver with many more centers then
+over-smooths (docs/gp-workflow.md, section 8). With the lengthscales held at the learned values, the
+exact log marginal likelihood (Rasmussen & Williams 2006, eq. 2.30) of ``s`` random rows, as a
+function of the outputscale ``c`` and the noise ``sigma^2`` only, is cheap after one eigendecomposition
+``K0 = U diag(lam) U^T`` of the unscaled ``s x s`` kernel matrix::
+
+    -log p(y) = 1/2 sum_i [ log(c lam_i + sigma^2) + r_i^2 / (c lam_i + sigma^2) ] + s/2 log(2 pi),
+
+with ``r = U^T (y - mean)``. Writing ``sigma^2 = c tau``, the optimal ``c`` for a given ``tau`` is
+``sum_i r_i^2 / (lam_i + tau) / s`` (zero derivative in c), so a one-dimensional search over
+``log tau`` finds the joint optimum. O(s^3) once, O(s) per trial value.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+import gpytorch
+import torch
+from torch import Tensor
+
+from ..operators import kernel_operator
+
+__all__ = ["RefitResult", "refit_scale_and_noise"]
+
+_GRID = 241  # trial values of the searched log variable, then a golden-section refinement
+_GOLDEN_STEPS = 80
+
+
+@dataclass
+class RefitResult:
+    """What the refit changed (before / after), kept as the model's ``learn_refit_``."""
+
+    rows: int
+    outputscale: tuple[float, float] | None
+    noise: tuple[float, float]
+    nll_per_point: tuple[float, float]
+
+    def as_dict(self) -> dict:
+        return {
+            "rows": self.rows,
+            "outputscale": self.outputscale,
+            "noise": self.noise,
+            "nll_per_point": self.nll_per_point,
+        }
+
+
+def _scale_kernel(kernel: gpytorch.kernels.Kernel) -> gpytorch.kernels.ScaleKernel | None:
+    if isinstance(kernel, gpytorch.kernels.ScaleKernel) and kernel.raw_outputscale.requires_grad:
+        return kernel
+    return None
+
+
+def refit_scale_and_noise(
+    X: Tensor,
+    Y: Tensor,
+    kernel: gpytorch.kernels.Kernel,
+    *,
+    noise: float,
+    mean: Tensor,
+    rows: int,
+    min_noise: float,
+    learn_noise: bool,
+    generator: torch.Generator,
+) -> tuple[float, RefitResult]:
+    """Maximise the exact marginal likelihood of ``rows`` random rows over outputscale and noise.
+
+    Parameters
+    ----------
+    X, Y:
+        ``n x d`` inputs and ``n x k`` targets (the k columns share the hyperparameters).
+    kernel:
+        The learned kernel; its outputscale (a trainable ``ScaleKernel`` at the top) is set in place.
+        Every other hyperparameter is held fixed.
+    noise, mean:
+        The learned noise variance and constant mean (the mean is kept).
+    rows:
+        Size of the random subset (all rows if ``rows >= n``).
+    min_noise:
+        Lower bound of the noise (the loop's ``min_noise``); an optimum below it is moved onto it
+        with a warning.
+    learn_noise:
+        False keeps ``noise`` and re-estimates the outputscale alone.
+    generator:
+        Draws the subset.
+
+    Returns
+    -------
+    (noise, RefitResult)
+
+    Raises
+    ------
+    ValueError
+        Nothing to re-estimate: no trainable ``ScaleKernel`` at the top and ``learn_noise=False``.
+    """
+    scaled = _scale_kernel(kernel)
+    if scaled is None and not learn_noise:
+        raise ValueError(
+            "learn_options['refit_subset'] re-estimates the outputscale and the noise, but the kernel has no "
+            "trainable ScaleKernel at the top and learn_noise=False: nothing to re-estimate; drop refit_subset"
+        )
+    n = X.shape[0]
+    size = min(rows, n)
+    idx = torch.randperm(n, generator=generator)[:size].to(X.device)
+    with torch.no_grad():
+        base = scaled.base_kernel if scaled is not None else kernel
+        K0 = kernel_operator(base, X[idx]).to_dense()
+        lam, U = torch.linalg.eigh(0.5 * (K0 + K0.mT))
+        lam = lam.clamp_min(0.0).double()
+        r2 = (U.mT @ (Y[idx] - mean)).double().square().sum(1)
+    k = Y.shape[1]
+    count = size * k
+    c0 = float(scaled.outputscale.detach()) if scaled is not None else 1.0
+
+    def nll(c: float, s2: float) -> float:
+        d = c * lam + s2
+        return float(0.5 * (k * torch.log(d).sum() + (r2 / d).sum())) / count
+
+    before = nll(c0, noise)
+    c1, s1 = c0, noise
+    if scaled is not None and learn_noise:
+        top = float(lam.max()) if float(lam.max()) > 0 else 1.0
+
+        def best_scale(tau: float) -> float:
+            return float((r2 / (lam + tau)).sum()) / count
+
+        def profiled(log_tau: float) -> float:
+            tau = math.exp(log_tau)
+            c = best_scale(tau)
+            return nll(c, c * tau) if c > 0 else math.inf
+
+        log_tau = _minimise(profiled, math.log(top * 1e-12), math.log(top * 1e6))
+        tau = math.exp(log_tau)
+        c1 = best_scale(tau)
+        s1 = c1 * tau
+        if s1 < min_noise:
+            s1 = min_noise
+            c1 = math.exp(_minimise(lambda lc: nll(math.exp(lc), s1), math.log(c0) - 30, math.log(c0) + 30))
+            _warn_bound(min_noise)
+    elif scaled is not None:  # the noise is fixed by the user
+        c1 = math.exp(_minimise(lambda lc: nll(math.exp(lc), noise), math.log(c0) - 30, math.log(c0) + 30))
+    else:
+        top = max(float(lam.max()), min_noise)
+        log_s2 = _minimise(lambda ls: nll(1.0, math.exp(ls)), math.log(min_noise), math.log(top * 1e6))
+        s1 = math.exp(log_s2)
+        if s1 <= min_noise * (1 + 1e-6):
+            _warn_bound(min_noise)
+    after = nll(c1, s1)
+    if not after <= before:  # never worse than the learned values on the same rows
+        c1, s1, after = c0, noise, before
+    if scaled is not None:
+        raw = scaled.raw_outputscale
+        # a Python float would pass through float32 in GPyTorch's setter (7 digits lost)
+        scaled.outputscale = torch.tensor(c1, dtype=raw.dtype, device=raw.device)
+    result = RefitResult(
+        rows=size,
+        outputscale=(c0, c1) if scaled is not None else None,
+        noise=(float(noise), float(s1)),
+        nll_per_point=(before, after),
+    )
+    return float(s1), result
+
+
+def _minimise(f, lo: float, hi: float) -> float:
+    """Minimum of ``f`` on ``[lo, hi]``: the best of a uniform grid, refined by golden section around it."""
+    step = (hi - lo) / (_GRID - 1)
+    grid = [lo + i * step for i in range(_GRID)]
+    values = [f(x) for x in grid]
+    i = min(range(_GRID), key=values.__getitem__)
+    a, b = grid[max(i - 1, 0)], grid[min(i + 1, _GRID - 1)]
+    ratio = (math.sqrt(5) - 1) / 2
+    x1, x2 = b - ratio * (b - a), a + ratio * (b - a)
+    f1, f2 = f(x1), f(x2)
+    for _ in range(_GOLDEN_STEPS):
+        if f1 <= f2:
+            b, x2, f2 = x2, x1, f1
+            x1 = b - ratio * (b - a)
+            f1 = f(x1)
+        else:
+            a, x1, f1 = x1, x2, f2
+            x2 = a + ratio * (b - a)
+            f2 = f(x2)
+    best = x1 if f1 <= f2 else x2
+    return best if min(f1, f2) <= values[i] else grid[i]
+
+
+def _warn_bound(min_noise: float) -> None:
+    warnings.warn(
+        f"learn_options['refit_subset']: the subset's likelihood is largest at a noise variance below "
+        f"min_noise={min_noise:g}; the noise was set to min_noise (lower learn_options['min_noise'] to allow less)",
+        UserWarning,
+        stacklevel=4,
+    )
