@@ -1,7 +1,8 @@
 """The outputscale / noise refit after learning (``learn_options['refit_subset']``, kgp.learning.refit).
 
-Oracles: GPyTorch's ``ExactMarginalLogLikelihood`` (its value at the refit equals the reported
-per-point NLL; its gradient with respect to log outputscale and log noise vanishes there), and GP
+Oracles: GPyTorch's exact Gaussian log density (``MultivariateNormal.log_prob`` of the scaled kernel
+plus noise; its value at the refit equals the reported per-point NLL, and its gradient with respect to
+log outputscale and log noise vanishes there), and GP
 draws with a known noise (the refit must move ``sgpr``'s inflated noise toward it).
 """
 
