@@ -38,6 +38,20 @@ def _scaled_rbf(lengthscale: float, outputscale: float) -> gpytorch.kernels.Scal
     return k
 
 
+def _refit(X, y, kernel, noise: float, *, rows: int, min_noise: float = 1e-6, learn_noise: bool = True):
+    return refit_scale_and_noise(
+        X,
+        y.unsqueeze(-1),
+        kernel,
+        noise=noise,
+        mean=torch.zeros(1, dtype=torch.float64),
+        rows=rows,
+        min_noise=min_noise,
+        learn_noise=learn_noise,
+        generator=torch.Generator().manual_seed(0),
+    )
+
+
 def _gpytorch_nll(X, y, kernel, noise: float, mean: float):
     """-log p(y) / n of GPyTorch's exact GP, and its gradient w.r.t. (log outputscale, log noise)."""
 
@@ -71,17 +85,7 @@ def _gpytorch_nll(X, y, kernel, noise: float, mean: float):
 def test_refit_is_the_exact_likelihood_optimum_of_the_subset():
     X, y = _draw(300, 0.8, 0.05, seed=1)
     kernel = _scaled_rbf(0.8, 0.3)  # outputscale and noise both far from the truth (2.0, 0.05)
-    noise, result = refit_scale_and_noise(
-        X,
-        y.unsqueeze(-1),
-        kernel,
-        noise=0.5,
-        mean=torch.zeros(1, dtype=torch.float64),
-        rows=1000,  # more than n: all rows
-        min_noise=1e-6,
-        learn_noise=True,
-        generator=torch.Generator().manual_seed(0),
-    )
+    noise, result = _refit(X, y, kernel, 0.5, rows=1000)  # more than n: all rows
     assert result.rows == 300
     assert float(kernel.outputscale.detach()) == pytest.approx(result.outputscale[1], rel=1e-12)
     value, grad = _gpytorch_nll(X, y, kernel, noise, 0.0)
@@ -99,17 +103,7 @@ def test_noise_only_refit_without_scale_kernel_and_scale_only_refit_with_fixed_n
     X, y = _draw(250, 0.7, 0.02, seed=2, outputscale=1.0)
     plain = gpytorch.kernels.RBFKernel().double()
     plain.lengthscale = 0.7
-    noise, result = refit_scale_and_noise(
-        X,
-        y.unsqueeze(-1),
-        plain,
-        noise=0.4,
-        mean=torch.zeros(1, dtype=torch.float64),
-        rows=250,
-        min_noise=1e-6,
-        learn_noise=True,
-        generator=torch.Generator().manual_seed(0),
-    )
+    noise, result = _refit(X, y, plain, 0.4, rows=250)
     assert result.outputscale is None
     # the optimum over sigma^2 alone, by a fine grid on the closed form
     K = plain(X).to_dense().detach()
@@ -120,17 +114,7 @@ def test_noise_only_refit_without_scale_kernel_and_scale_only_refit_with_fixed_n
     assert noise == pytest.approx(float(grid[nll.argmin()]), rel=3e-3)
 
     scaled = _scaled_rbf(0.7, 5.0)
-    kept, result = refit_scale_and_noise(
-        X,
-        y.unsqueeze(-1),
-        scaled,
-        noise=0.02,
-        mean=torch.zeros(1, dtype=torch.float64),
-        rows=250,
-        min_noise=1e-6,
-        learn_noise=False,
-        generator=torch.Generator().manual_seed(0),
-    )
+    kept, result = _refit(X, y, scaled, 0.02, rows=250, learn_noise=False)
     assert kept == 0.02 and result.noise == (0.02, 0.02)
     _, grad = _gpytorch_nll(X, y, scaled, 0.02, 0.0)
     assert abs(grad[0]) < 1e-6  # optimal in the outputscale
@@ -141,29 +125,9 @@ def test_nothing_to_refit_is_an_error_and_a_bound_optimum_warns():
     X, y = _draw(120, 0.8, 0.05, seed=3)
     plain = gpytorch.kernels.RBFKernel().double()
     with pytest.raises(ValueError, match="nothing to re-estimate"):
-        refit_scale_and_noise(
-            X,
-            y.unsqueeze(-1),
-            plain,
-            noise=0.1,
-            mean=torch.zeros(1, dtype=torch.float64),
-            rows=100,
-            min_noise=1e-6,
-            learn_noise=False,
-            generator=torch.Generator().manual_seed(0),
-        )
+        _refit(X, y, plain, 0.1, rows=100, learn_noise=False)
     with pytest.warns(UserWarning, match="below min_noise=0.5"):
-        noise, _ = refit_scale_and_noise(
-            X,
-            y.unsqueeze(-1),
-            _scaled_rbf(0.8, 1.0),
-            noise=0.6,
-            mean=torch.zeros(1, dtype=torch.float64),
-            rows=100,
-            min_noise=0.5,
-            learn_noise=True,
-            generator=torch.Generator().manual_seed(0),
-        )
+        noise, _ = _refit(X, y, _scaled_rbf(0.8, 1.0), 0.6, rows=100, min_noise=0.5)
     assert noise == 0.5
 
 

@@ -17,6 +17,7 @@ with ``r = U^T (y - mean)``. Writing ``sigma^2 = c tau``, the optimal ``c`` for 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from dataclasses import dataclass
@@ -43,12 +44,7 @@ class RefitResult:
     nll_per_point: tuple[float, float]
 
     def as_dict(self) -> dict:
-        return {
-            "rows": self.rows,
-            "outputscale": self.outputscale,
-            "noise": self.noise,
-            "nll_per_point": self.nll_per_point,
-        }
+        return dataclasses.asdict(self)
 
 
 def _scale_kernel(kernel: gpytorch.kernels.Kernel) -> gpytorch.kernels.ScaleKernel | None:
@@ -123,6 +119,10 @@ def refit_scale_and_noise(
         return float(0.5 * (k * torch.log(d).sum() + (r2 / d).sum())) / count
 
     before = nll(c0, noise)
+
+    def scale_for(s2: float) -> float:  # the best outputscale at a fixed noise
+        return math.exp(_minimise(lambda lc: nll(math.exp(lc), s2), math.log(c0) - 30, math.log(c0) + 30))
+
     c1, s1 = c0, noise
     if scaled is not None and learn_noise:
         top = float(lam.max()) if float(lam.max()) > 0 else 1.0
@@ -135,20 +135,18 @@ def refit_scale_and_noise(
             c = best_scale(tau)
             return nll(c, c * tau) if c > 0 else math.inf
 
-        log_tau = _minimise(profiled, math.log(top * 1e-12), math.log(top * 1e6))
-        tau = math.exp(log_tau)
+        tau = math.exp(_minimise(profiled, math.log(top * 1e-12), math.log(top * 1e6)))
         c1 = best_scale(tau)
         s1 = c1 * tau
         if s1 < min_noise:
             s1 = min_noise
-            c1 = math.exp(_minimise(lambda lc: nll(math.exp(lc), s1), math.log(c0) - 30, math.log(c0) + 30))
+            c1 = scale_for(s1)
             _warn_bound(min_noise)
     elif scaled is not None:  # the noise is fixed by the user
-        c1 = math.exp(_minimise(lambda lc: nll(math.exp(lc), noise), math.log(c0) - 30, math.log(c0) + 30))
+        c1 = scale_for(noise)
     else:
         top = max(float(lam.max()), min_noise)
-        log_s2 = _minimise(lambda ls: nll(1.0, math.exp(ls)), math.log(min_noise), math.log(top * 1e6))
-        s1 = math.exp(log_s2)
+        s1 = math.exp(_minimise(lambda ls: nll(1.0, math.exp(ls)), math.log(min_noise), math.log(top * 1e6)))
         if s1 <= min_noise * (1 + 1e-6):
             _warn_bound(min_noise)
     after = nll(c1, s1)
