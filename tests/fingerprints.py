@@ -57,7 +57,15 @@ CASES: dict[str, tuple[dict, bool, dict]] = {
         {},
     ),
     "falkon_bless": (
-        dict(solver="falkon", centers="bless", n_centers=50, lengthscale=1.2, noise=0.1, random_state=4, solver_options=_CG),
+        dict(
+            solver="falkon",
+            centers="bless",
+            n_centers=50,
+            lengthscale=1.2,
+            noise=0.1,
+            random_state=4,
+            solver_options=_CG,
+        ),
         True,
         {},
     ),

@@ -15,10 +15,9 @@ Tolerance, relative to the largest value of each array, in float64:
 
 from __future__ import annotations
 
+import fingerprints
 import numpy as np
 import pytest
-
-import fingerprints
 
 RTOL = 1e-10
 RTOL_OTHER_HOST = 1e-4
