@@ -11,6 +11,7 @@ Solvers and center selectors are plugins picked by name (``kgp plugins`` lists t
 """
 
 from . import settings
+from .capabilities import Capabilities
 from ._version import __version__
 from .diagnostics import ConvergenceWarning, DivergenceError, IllConditionedError, NotFittedError
 from .hookspecs import hookimpl
@@ -18,12 +19,13 @@ from .interop import from_gpytorch
 from .models import KernelClassifier, KernelRegressor, ModelFileError, load
 from .monitor import IterationInfo, Monitor
 from .operators import KernelOperator, kernel_operator
-from .options import Option
+from .options import Option, resolve_options
 from .plugin import Centers, Problem, SelectionRequest, default_n_centers, merge_options
 from .predictors import KernelExpansion
 from .registry import get_selector, get_solver, list_plugins, register, unregister
 
 __all__ = [
+    "Capabilities",
     "Centers",
     "ConvergenceWarning",
     "DivergenceError",
@@ -50,6 +52,7 @@ __all__ = [
     "load",
     "merge_options",
     "register",
+    "resolve_options",
     "settings",
     "unregister",
 ]

@@ -25,7 +25,15 @@ from dataclasses import dataclass
 from numbers import Integral, Real
 from typing import Any
 
-__all__ = ["InvalidOptionError", "Option", "describe_options", "merge_options", "option_default"]
+__all__ = [
+    "InvalidOptionError",
+    "Option",
+    "ResolvedOptions",
+    "describe_options",
+    "merge_options",
+    "option_default",
+    "resolve_options",
+]
 
 
 class InvalidOptionError(ValueError, TypeError):
@@ -192,6 +200,76 @@ def merge_options(owner: str, defaults: Mapping[str, Any], given: Mapping[str, A
         value = given[name] if name in given else option_default(declaration)
         merged[name] = declaration.parse(owner, name, value) if isinstance(declaration, Option) else value
     return merged
+
+
+class ResolvedOptions(Mapping[str, Any]):
+    """A plugin's options, validated once against its declaration (read-only mapping).
+
+    Made only by :func:`resolve_options` (the fit plan does it once per plugin, before any data work):
+    a plugin receiving one in ``problem.options`` reads it and never validates again.
+    """
+
+    __slots__ = ("_owner", "_values")
+
+    def __init__(self, owner: str, values: Mapping[str, Any]) -> None:
+        self._owner = owner
+        self._values = dict(values)
+
+    @property
+    def owner(self) -> str:
+        """How errors name the plugin, e.g. ``"solver 'falkon'"``."""
+        return self._owner
+
+    def __getitem__(self, name: str) -> Any:
+        try:
+            return self._values[name]
+        except KeyError:
+            valid = ", ".join(sorted(self._values)) or "(none)"
+            raise KeyError(f"{self._owner} has no option {name!r}; its options: {valid}") from None
+
+    def __iter__(self):
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return f"ResolvedOptions({self._owner}, {self._values!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Mapping) and dict(self) == dict(other)
+
+    __hash__ = None  # a mapping, compared by value
+
+    def __reduce__(self):
+        return (ResolvedOptions, (self._owner, self._values))
+
+
+def resolve_options(owner: str, plugin: Any, given: Mapping[str, Any] | None) -> ResolvedOptions:
+    """Validate ``given`` against ``plugin.option_defaults`` once, cross-option rules included.
+
+    Every option is parsed by its :class:`Option` (unknown names and bad values raise, naming the
+    option); then, if the plugin defines ``check_options(options) -> options``, its cross-option rules
+    run on the merged dict (raising :class:`InvalidOptionError` or ``ValueError`` naming the options).
+
+    Parameters
+    ----------
+    owner:
+        How errors name the plugin, e.g. ``"solver 'falkon'"``.
+    plugin:
+        The plugin object (its ``option_defaults`` and optional ``check_options``).
+    given:
+        The user's options, or None.
+    """
+    if isinstance(given, ResolvedOptions):
+        return given  # already validated: a plan's options handed on
+    merged = merge_options(owner, plugin.option_defaults, given)
+    check = getattr(plugin, "check_options", None)  # an optional method, not a capability flag
+    if check is not None:
+        merged = check(merged)
+        if not isinstance(merged, dict):
+            raise TypeError(f"{owner}: check_options must return the options dict, got {type(merged).__name__}")
+    return ResolvedOptions(owner, merged)
 
 
 def describe_options(defaults: Mapping[str, Any]) -> list[tuple[str, str, str, str]]:
