@@ -11,8 +11,8 @@ Solvers and center selectors are plugins picked by name (``kgp plugins`` lists t
 """
 
 from . import settings
-from .capabilities import Capabilities
 from ._version import __version__
+from .capabilities import Capabilities
 from .diagnostics import ConvergenceWarning, DivergenceError, IllConditionedError, NotFittedError
 from .hookspecs import hookimpl
 from .interop import from_gpytorch
