@@ -227,8 +227,14 @@ class BaseKernelModel(SklearnProtocol):
             if self.learn is not None and self.kernel.lower() != "linear":
                 # a GP's amplitude is a hyperparameter too: learned with the lengthscales (starts at 1)
                 kernel = gpytorch.kernels.ScaleKernel(kernel)
-        else:
-            kernel = copy.deepcopy(self.kernel)  # fitting never mutates the user's kernel object
+            kernel = kernel.to(device=device, dtype=dtype)
+            if self.lengthscale is not None:
+                # GPyTorch builds the parameter in float32 (0.8 becomes 0.800000012): set it again in the fit's dtype
+                for module in kernel.modules():
+                    if getattr(module, "has_lengthscale", False):
+                        module.lengthscale = torch.full_like(module.lengthscale, float(self.lengthscale))
+            return kernel
+        kernel = copy.deepcopy(self.kernel)  # fitting never mutates the user's kernel object
         return kernel.to(device=device, dtype=dtype)
 
     def _validation(self, validation_data, X: Tensor, targets: dict[str, Any]) -> tuple[Tensor, Tensor] | None:
