@@ -41,6 +41,9 @@ def parse_counts(monkeypatch):
         dict(solver="exact", learn="exact", learn_options={"iterations": 3, "subset": 100}),
     ],
 )
+@pytest.mark.xfail(
+    strict=True, reason="plugins and the learning loop still re-merge: until the contract/learn branches land"
+)
 def test_every_option_is_validated_exactly_once_per_fit(parse_counts, params):
     kgp.KernelRegressor(noise=0.1, random_state=0, **params).fit(X, Y)
     repeated = {key: n for key, n in parse_counts.items() if n != 1}
