@@ -34,7 +34,7 @@ from torch import Tensor
 
 from .variance import VarianceFactors, exact_factors, latent_variance, nystrom_factors
 
-__all__ = ["POSTERIOR_VERSION", "VARIANCE_KINDS", "Posterior", "PosteriorStateError", "TargetScaling"]
+__all__ = ["POSTERIOR_VERSION", "VARIANCE_KINDS", "Posterior", "PosteriorStateError", "Scaling", "TargetScaling"]
 
 POSTERIOR_VERSION = 1
 VARIANCE_KINDS = ("exact", "nystrom", "none")
@@ -45,17 +45,16 @@ class PosteriorStateError(ValueError):
 
 
 @dataclass(frozen=True)
-class TargetScaling:
-    """``normalize_y``: targets were fitted as ``(y - mean) / std`` per output (scikit-learn's convention).
-
-    ``mean`` and ``std`` hold one value per output (length 1 broadcasts); the identity has mean 0, std 1.
+class Scaling:
+    """Columns standardised as ``(v - mean) / std``: targets (``normalize_y``, one value per output) or
+    inputs (``normalize_X``, one value per feature). Length 1 broadcasts; the identity has mean 0, std 1.
     """
 
     mean: Tensor
     std: Tensor
 
     @classmethod
-    def identity(cls, like: Tensor) -> TargetScaling:
+    def identity(cls, like: Tensor) -> Scaling:
         one = torch.zeros(1, dtype=like.dtype, device=like.device)
         return cls(one, one + 1)
 
@@ -63,8 +62,19 @@ class TargetScaling:
     def is_identity(self) -> bool:
         return not bool((self.mean != 0).any()) and not bool((self.std != 1).any())
 
-    def to(self, device: torch.device, dtype: torch.dtype) -> TargetScaling:
-        return TargetScaling(self.mean.to(device=device, dtype=dtype), self.std.to(device=device, dtype=dtype))
+    def to(self, device: torch.device, dtype: torch.dtype) -> Scaling:
+        return Scaling(self.mean.to(device=device, dtype=dtype), self.std.to(device=device, dtype=dtype))
+
+    def apply(self, v: Tensor) -> Tensor:
+        """``(v - mean) / std``."""
+        return (v - self.mean) / self.std
+
+    def undo(self, v: Tensor) -> Tensor:
+        """``v * std + mean``."""
+        return v * self.std + self.mean
+
+
+TargetScaling = Scaling  # the name the target scaling had first
 
 
 class Posterior:
@@ -82,6 +92,10 @@ class Posterior:
         The constant mean m per output (length k, or 1 to broadcast), in the scaled units.
     scaling:
         The target scaling of ``normalize_y`` (identity without it).
+    input_scaling:
+        The input standardisation of ``normalize_X`` (None without it): the kernel, the predictor, the
+        centers and the training rows all live in the standardised inputs; :meth:`mean` and :meth:`std`
+        take inputs in the user's units and standardise them first.
     variance_kind:
         One of :data:`VARIANCE_KINDS`.
     centers:
@@ -102,8 +116,9 @@ class Posterior:
         predictor: Any,
         noise: float,
         offset: Tensor,
-        scaling: TargetScaling,
+        scaling: Scaling,
         variance_kind: str,
+        input_scaling: Scaling | None = None,
         centers: Tensor | None = None,
         train_X: Tensor | None = None,
         factors: VarianceFactors | None = None,
@@ -116,6 +131,7 @@ class Posterior:
         self.noise = float(noise)
         self.offset = offset
         self.scaling = scaling
+        self.input_scaling = input_scaling
         self.variance_kind = variance_kind
         self.centers = centers
         self._train_X = train_X if factors is None else None
@@ -124,9 +140,9 @@ class Posterior:
 
     # ------------------------------------------------------------------ the mean
     def mean(self, X: Tensor) -> Tensor:
-        """Posterior mean at the rows of ``X`` (``n x k``), in the targets' units."""
+        """Posterior mean at the rows of ``X`` (``n x k``, X in the user's units), in the targets' units."""
         with torch.no_grad():
-            out = self.predictor.predict(X)
+            out = self.predictor.predict(self.inputs(X))
         if out.dim() == 1:
             out = out.unsqueeze(-1)
         # each step only when it changes something: a model without scaling returns the predictor's values bitwise
@@ -137,6 +153,10 @@ class Posterior:
         if bool((self.scaling.mean != 0).any()):
             out = out + self.scaling.mean
         return out
+
+    def inputs(self, X: Tensor) -> Tensor:
+        """``X`` in the units the kernel works in (standardised with ``normalize_X``)."""
+        return X if self.input_scaling is None else self.input_scaling.apply(X)
 
     # ------------------------------------------------------------------ the variance
     @property
@@ -167,8 +187,8 @@ class Posterior:
         return self._factors
 
     def latent_variance(self, X: Tensor) -> Tensor:
-        """Variance of the latent f at the rows of ``X`` (length n), in the scaled units."""
-        return latent_variance(self.kernel, X, self.factors())
+        """Variance of the latent f at the rows of ``X`` (length n, X in the user's units), in the scaled units."""
+        return latent_variance(self.kernel, self.inputs(X), self.factors())
 
     def std(self, X: Tensor, include_noise: bool = False) -> Tensor:
         """Predictive standard deviation (``n x k``, k from the scaling) in the targets' units.
@@ -194,7 +214,11 @@ class Posterior:
             variance["train_X"] = _cpu(self._train_X)
         if self.variance_kind == "none":
             variance["reason"] = self.no_variance_reason
+        inputs = {}
+        if self.input_scaling is not None:
+            inputs = {"x_mean": _cpu(self.input_scaling.mean), "x_std": _cpu(self.input_scaling.std)}
         return {
+            **inputs,
             "version": POSTERIOR_VERSION,
             "noise": self.noise,
             "offset": _cpu(self.offset),
@@ -237,6 +261,13 @@ class Posterior:
         y_std = check.vector(state.get("y_std"), "y_std", outputs_ok)
         if not bool((y_std > 0).all()):
             raise PosteriorStateError("posterior.y_std: expected positive scales (a target std), got a value <= 0")
+        input_scaling = None
+        if "x_mean" in state or "x_std" in state:
+            x_mean = check.vector(state.get("x_mean"), "x_mean", (n_features,))
+            x_std = check.vector(state.get("x_std"), "x_std", (n_features,))
+            if not bool((x_std > 0).all()):
+                raise PosteriorStateError("posterior.x_std: expected positive scales (a feature std), got a value <= 0")
+            input_scaling = Scaling(x_mean.to(device=device, dtype=dtype), x_std.to(device=device, dtype=dtype))
         variance = check.mapping(state.get("variance"), "variance")
         kind = variance.get("kind")
         if kind not in VARIANCE_KINDS:
@@ -271,8 +302,9 @@ class Posterior:
             predictor=predictor,
             noise=noise,
             offset=offset.to(device=device, dtype=dtype),
-            scaling=TargetScaling(y_mean.to(device=device, dtype=dtype), y_std.to(device=device, dtype=dtype)),
+            scaling=Scaling(y_mean.to(device=device, dtype=dtype), y_std.to(device=device, dtype=dtype)),
             variance_kind=kind,
+            input_scaling=input_scaling,
             centers=centers,
             train_X=train_X,
             factors=factors,

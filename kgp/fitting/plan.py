@@ -82,6 +82,9 @@ class FitPlan:
         The user's ``M x d`` centers (array-like), or None.
     n_centers, noise, dtype, device:
         The validated parameters.
+    ard, normalize_y, normalize_X:
+        Resolved switches: a parameter left at None is True when hyperparameters are learned (the GP
+        user's defaults: one lengthscale per feature, standardised targets and inputs), False otherwise.
     """
 
     solver: PluginChoice
@@ -93,6 +96,9 @@ class FitPlan:
     noise: float
     dtype: torch.dtype | None
     device: torch.device | None
+    ard: bool = False
+    normalize_y: bool = False
+    normalize_X: bool = False
 
     @property
     def needs_centers(self) -> bool:
@@ -136,6 +142,7 @@ def resolve_plan(params: Mapping[str, Any]) -> FitPlan:
     solver = _choice("solver", params["solver"], _named(get_solver, DEFAULT_SOLVER, "solver=<name>"))
     solver = _with_options(solver, params["solver_options"])
     objective, learn_options = _learning(params)
+    switches = _switches(params, learning=objective is not None)
     uses_centers = solver.capabilities.uses_centers or (objective is not None and objective.capabilities.uses_centers)
     selector, explicit = None, None
     centers = params["centers"]
@@ -164,19 +171,31 @@ def resolve_plan(params: Mapping[str, Any]) -> FitPlan:
         noise=float(params["noise"]),
         dtype=dtype,
         device=device,
+        **switches,
     )
 
 
-def _learning(params: Mapping[str, Any]) -> tuple[PluginChoice | None, dict[str, Any]]:
-    """Check ``learn``, ``learn_options``, ``ard`` and ``normalize_y``; resolve the objective plugin."""
-    for name in ("ard", "normalize_y"):
-        if not isinstance(params[name], bool):
-            raise TypeError(f"{name}: expected True or False, got {params[name]!r}")
-    kernel, learn, given = params["kernel"], params["learn"], params["learn_options"]
-    if params["ard"] and not isinstance(kernel, str):
+def _switches(params: Mapping[str, Any], learning: bool) -> dict[str, bool]:
+    """``ard``, ``normalize_y`` and ``normalize_X``: True, False, or None (True exactly when learning)."""
+    out = {}
+    for name in ("ard", "normalize_y", "normalize_X"):
+        value = params.get(name)
+        if value is not None and not isinstance(value, bool):
+            raise TypeError(f"{name}: expected True, False or None (on when learning), got {value!r}")
+        out[name] = learning if value is None else value
+    kernel = params["kernel"]
+    if out["ard"] and params.get("ard") is None and (not isinstance(kernel, str) or kernel.lower() == "linear"):
+        out["ard"] = False  # the default does not apply to a kernel object or a kernel without lengthscale
+    if out["ard"] and not isinstance(kernel, str):
         raise ValueError("ard=True applies to shortcut kernels; give your GPyTorch kernel ard_num_dims=d instead")
-    if params["ard"] and kernel.lower() == "linear":
+    if out["ard"] and kernel.lower() == "linear":
         raise ValueError("ard=True: the 'linear' shortcut kernel has no lengthscale")
+    return out
+
+
+def _learning(params: Mapping[str, Any]) -> tuple[PluginChoice | None, dict[str, Any]]:
+    """Check ``learn`` and ``learn_options``; resolve the objective plugin."""
+    learn, given = params["learn"], params["learn_options"]
     if given is not None and not isinstance(given, dict):
         raise TypeError(f"learn_options: expected a dict or None, got {type(given).__name__}")
     if learn is None:

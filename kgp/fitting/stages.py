@@ -21,7 +21,7 @@ from ..diagnostics import ill_conditioned
 from ..learning import learn_hyperparameters
 from ..monitor import IterationInfo, Monitor
 from ..plugin import Centers, Problem, SelectionRequest
-from ..posterior import Posterior, TargetScaling
+from ..posterior import Posterior, Scaling, TargetScaling
 from ..validation import to_tensor
 from .plan import FitPlan, PluginChoice, RandomStreams
 from .rows import TrainingRows
@@ -48,9 +48,16 @@ def plugin_call(choice: PluginChoice) -> Iterator[None]:
 
 # ---------------------------------------------------------------------- stage 1: centers
 def select_centers(
-    plan: FitPlan, rows: TrainingRows, kernel: gpytorch.kernels.Kernel, streams: RandomStreams
+    plan: FitPlan,
+    rows: TrainingRows,
+    kernel: gpytorch.kernels.Kernel,
+    streams: RandomStreams,
+    input_scaling: Scaling | None = None,
 ) -> Centers | None:
-    """The selector's centers, the user's explicit centers, or None when no plugin uses centers."""
+    """The selector's centers, the user's explicit centers, or None when no plugin uses centers.
+
+    Explicit centers are given in the user's units: with ``normalize_X`` they are standardised like X.
+    """
     if not plan.needs_centers:
         return None
     X = rows.X
@@ -69,6 +76,8 @@ def select_centers(
     points = to_tensor(plan.explicit_centers, "centers", ndim=(2,), dtype=X.dtype, device=X.device)
     if points.shape[1] != X.shape[1]:
         raise ValueError(f"centers: expected {X.shape[1]} columns like X, got shape {tuple(points.shape)}")
+    if input_scaling is not None:
+        points = input_scaling.apply(points)
     if plan.n_centers is not None and plan.n_centers != points.shape[0]:
         raise ValueError(f"n_centers={plan.n_centers} does not match the {points.shape[0]} centers given")
     if not rows.comm.identical([points]):
@@ -147,6 +156,7 @@ def solve(
     *,
     chunk: int | None = None,
     previous: Any = None,
+    input_scaling: Scaling | None = None,
 ) -> Posterior:
     """Run the solver on ``y - mean`` with the learned hyperparameters; wrap its predictor in a Posterior.
 
@@ -171,7 +181,7 @@ def solve(
         else:
             predictor = plan.solver.plugin.fit(problem)
     predictor = rows.comm.same_predictor(predictor, learned.kernel)
-    return posterior_of(plan, predictor, learned, scaling, centers, rows)
+    return posterior_of(plan, predictor, learned, scaling, centers, rows, input_scaling)
 
 
 def posterior_of(
@@ -181,6 +191,7 @@ def posterior_of(
     scaling: TargetScaling,
     centers: Centers | None,
     rows: TrainingRows | None,
+    input_scaling: Scaling | None = None,
 ) -> Posterior:
     """The Posterior of a fitted predictor; its variance kind follows the solver's declared target."""
     target = plan.solver.capabilities.target
@@ -212,10 +223,27 @@ def posterior_of(
         centers=centers.points if (kind == "nystrom" and centers is not None) else None,
         train_X=rows.X if (kind == "nystrom" and rows is not None) else None,
         no_variance_reason=reason,
+        input_scaling=input_scaling,
     )
 
 
 # ---------------------------------------------------------------------- the chain
+def scale_inputs(rows: TrainingRows, normalize: bool) -> tuple[TrainingRows, Scaling | None]:
+    """``normalize_X``: standardise each feature with the training rows' mean and standard deviation.
+
+    A constant feature keeps the scale 1. Without it the kernel sees the inputs as given, and a feature
+    on a 1e-8 or 1e8 scale next to one of scale 1 makes every lengthscale start wrong (issue 27).
+    Distributed: the statistics of all ranks' rows.
+    """
+    if not normalize:
+        return rows, None
+    mean = rows.column_mean(rows.X)
+    std = rows.column_std(rows.X, mean)
+    std = torch.where(std > 0, std, torch.ones_like(std))
+    scaling = Scaling(mean, std)
+    return TrainingRows(scaling.apply(rows.X), rows.Y, rows.comm), scaling
+
+
 def scale_targets(rows: TrainingRows, normalize: bool) -> tuple[TrainingRows, TargetScaling]:
     """scikit-learn's ``GaussianProcessRegressor(normalize_y=True)``: centre and scale each column.
 
@@ -239,17 +267,18 @@ def run(
     streams: RandomStreams,
     monitor: Monitor,
     shift: dict[str, Tensor] | None = None,
+    input_scaling: Scaling | None = None,
 ) -> FitResult:
     """Select, learn, solve: the whole fit of the (scaled) ``rows`` (the caller owns and closes ``monitor``).
 
     ``shift``: the offsets the monitor's validation metric adds back to the solver's predictions; its
     ``"mean"`` entry is set to the learned constant mean before the solve.
     """
-    centers = select_centers(plan, rows, kernel, streams)
+    centers = select_centers(plan, rows, kernel, streams, input_scaling)
     learned = learn(plan, rows, kernel, centers, streams, monitor)
     if plan.objective is not None:
         monitor.close()  # the solver's stage starts its own bar
         if shift is not None:
             shift["mean"] = learned.mean
-    posterior = solve(plan, rows, centers, learned, scaling, streams, monitor)
+    posterior = solve(plan, rows, centers, learned, scaling, streams, monitor, input_scaling=input_scaling)
     return FitResult(posterior, centers, learned, list(monitor.history))

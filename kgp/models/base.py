@@ -28,7 +28,7 @@ from ..diagnostics import not_fitted
 from ..fitting import RandomStreams, TrainingRows, resolve_plan, run
 from ..fitting.plan import FitPlan
 from ..fitting.rows import broadcast_seed, comm_for
-from ..fitting.stages import FitResult, scale_targets
+from ..fitting.stages import FitResult, scale_inputs, scale_targets
 from ..kernels import make_kernel
 from ..monitor import IterationInfo, Monitor
 from ..plugin import Centers
@@ -67,8 +67,9 @@ class BaseKernelModel(SklearnProtocol):
         progress: bool = False,
         learn: str | None = None,
         learn_options: dict | None = None,
-        ard: bool = False,
-        normalize_y: bool = False,
+        ard: bool | None = None,
+        normalize_y: bool | None = None,
+        normalize_X: bool | None = None,
     ):
         self.kernel = kernel
         self.lengthscale = lengthscale
@@ -87,6 +88,7 @@ class BaseKernelModel(SklearnProtocol):
         self.learn_options = learn_options
         self.ard = ard
         self.normalize_y = normalize_y
+        self.normalize_X = normalize_X
 
     # ------------------------------------------------------------------ sklearn protocol
     @classmethod
@@ -182,14 +184,17 @@ class BaseKernelModel(SklearnProtocol):
         comm = comm_for(shard, Xt.shape[0])
         check_n_centers(self.n_centers, comm.n_total)
         streams = RandomStreams(broadcast_seed(comm, self._draw_seed()))
-        kernel = self._build_kernel(Xt.dtype, Xt.device, Xt.shape[1])
-        rows, scaling = scale_targets(TrainingRows(Xt, Y, comm), self.normalize_y)
+        kernel = self._build_kernel(Xt.dtype, Xt.device, Xt.shape[1], plan)
+        rows, input_scaling = scale_inputs(TrainingRows(Xt, Y, comm), plan.normalize_X)
+        if validation is not None and input_scaling is not None:  # the predictor works in standardised inputs
+            validation = (input_scaling.apply(validation[0]), validation[1])
+        rows, scaling = scale_targets(rows, plan.normalize_y)
         start = time.perf_counter()
         # the solver fits (y - shift) / scale - mean: validation predictions are mapped back before scoring
         shift: dict[str, Tensor] = {"mean": torch.zeros(Y.shape[1], dtype=Y.dtype, device=Y.device)}
-        if self.normalize_y:
+        if plan.normalize_y:
             shift.update(y_train_mean=scaling.mean, y_train_std=scaling.std)
-        mapped = self.normalize_y or plan.objective is not None
+        mapped = plan.normalize_y or plan.objective is not None
         metric = _in_target_units(self._validation_metric, shift) if mapped else self._validation_metric
         progress = bool(self.progress) and comm.rank == 0  # one rank's stop request stops all; one progress bar
         if shard is None:
@@ -197,7 +202,7 @@ class BaseKernelModel(SklearnProtocol):
         else:
             monitor = _dist.ShardedMonitor(shard, self.callback, progress, validation, metric)
         with _closing(monitor):
-            result = run(plan, rows, scaling, kernel, streams, monitor, shift)
+            result = run(plan, rows, scaling, kernel, streams, monitor, shift, input_scaling)
         self._set_fitted(
             plan_solver=plan.solver.name,
             result=result,
@@ -216,10 +221,13 @@ class BaseKernelModel(SklearnProtocol):
             return int(self.random_state)
         return int(torch.randint(0, 2**62, (1,)).item())
 
-    def _build_kernel(self, dtype: torch.dtype, device, n_features: int | None = None) -> gpytorch.kernels.Kernel:
+    def _build_kernel(
+        self, dtype: torch.dtype, device, n_features: int | None = None, plan: FitPlan | None = None
+    ) -> gpytorch.kernels.Kernel:
+        plan = plan if plan is not None else resolve_plan(self.get_params())
         if isinstance(self.kernel, str):
             kernel = make_kernel(self.kernel, self.lengthscale)
-            if self.ard and n_features is not None:
+            if plan.ard and n_features is not None:
                 # one lengthscale per input dimension, all starting at the given value
                 ard_kernel = type(kernel)(ard_num_dims=n_features, **_kernel_kwargs(kernel))
                 ard_kernel.lengthscale = kernel.lengthscale.detach().expand(1, n_features)
@@ -273,7 +281,10 @@ class BaseKernelModel(SklearnProtocol):
         self.solver_name_ = plan_solver
         self.solver_ = get_solver(plan_solver)
         self.predictor_ = posterior.predictor
-        self.centers_ = None if centers is None else centers.points
+        points = None if centers is None else centers.points
+        if points is not None and posterior.input_scaling is not None:
+            points = posterior.input_scaling.undo(points)  # in the user's units, like X
+        self.centers_ = points
         self.center_weights_ = None if centers is None else centers.weights
         self.selection_info_ = {} if centers is None else centers.info
         self.learn_history_ = list(result.learned.history)

@@ -48,6 +48,7 @@ PLAIN_PARAMS = (
     "learn_options",
     "ard",
     "normalize_y",
+    "normalize_X",
 )
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 _MAX_SPEC_DEPTH = 32  # kernels nest a few levels (Scale(Product(...))); deeper is not a kgp file

@@ -139,8 +139,8 @@ class KernelRegressor(BaseKernelModel):
             self._check_feature_names(X)
         if not plan.solver.capabilities.partial_fit:
             raise ValueError(f"solver {self.solver!r} does not support partial_fit")
-        if self.learn is not None or self.normalize_y:
-            raise ValueError("partial_fit: learn and normalize_y need the whole training set; use fit")
+        if self.learn is not None or plan.normalize_y or plan.normalize_X:
+            raise ValueError("partial_fit: learn, normalize_y and normalize_X need the whole training set; use fit")
         dtype, device = (plan.dtype, plan.device) if first else (self.dtype_, self.device_)
         Xt = to_tensor(X, "X", ndim=(2,), dtype=dtype, device=device)
         Y, targets = self._encode_fit_targets(y, Xt)
@@ -149,7 +149,7 @@ class KernelRegressor(BaseKernelModel):
         if first:
             seed, kernel, chunks, history = (
                 self._draw_seed(),
-                self._build_kernel(Xt.dtype, Xt.device, Xt.shape[1]),
+                self._build_kernel(Xt.dtype, Xt.device, Xt.shape[1], plan),
                 0,
                 [],
             )
