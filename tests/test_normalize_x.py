@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import load_uci
 
 import kgp
-from conftest import load_uci
 
 rng = np.random.default_rng(5)
 Z = rng.normal(size=(200, 3))
