@@ -15,10 +15,11 @@ constant mean m in those scaled units:
   ``"none"`` (the solver's form has no variance; asking for one raises with the reason), times ``s^2``;
   the noise variance sigma^2 is added on request (the std of a new observation).
 
-The variance factors are built once, when first needed (or at fit time when the fit asks for them),
-from what the Posterior holds: the training rows for ``"exact"`` (they are the predictor's centers),
-the centers and one pass over the training rows for ``"nystrom"``. A Posterior that has not built its
-Nystrom factors keeps the training rows, so a saved model can still give its std after loading.
+The variance factors are built once, when first needed (or at fit time for a learned GP), from what
+the Posterior holds: the training rows for ``"exact"`` (they are the predictor's centers), the centers
+and one pass over the training rows for ``"nystrom"``. Its state (what a model file stores) keeps the
+smaller of the two sufficient forms: the Nystrom factors (2 M^2 numbers) or the training rows (n d);
+never the exact n x n factor, which is rebuilt from the rows on the first std after loading.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import gpytorch
 import torch
 from torch import Tensor
 
+from .operators import kernel_operator
 from .variance import VarianceFactors, exact_factors, latent_variance, nystrom_factors
 
 __all__ = ["POSTERIOR_VERSION", "VARIANCE_KINDS", "Posterior", "PosteriorStateError", "Scaling", "TargetScaling"]
@@ -134,7 +136,7 @@ class Posterior:
         self.input_scaling = input_scaling
         self.variance_kind = variance_kind
         self.centers = centers
-        self._train_X = train_X if factors is None else None
+        self._train_X = train_X
         self._factors = factors
         self.no_variance_reason = no_variance_reason
 
@@ -183,7 +185,6 @@ class Posterior:
                     "posterior no longer holds"
                 )
             self._factors = nystrom_factors(self.kernel, self._train_X, self.centers, self.noise)
-        self._train_X = None  # the factors hold all that is needed now
         return self._factors
 
     def latent_variance(self, X: Tensor) -> Tensor:
@@ -200,18 +201,53 @@ class Posterior:
             var = var + self.noise
         return var.sqrt().unsqueeze(-1) * self.scaling.std
 
+    def covariance(self, X: Tensor) -> Tensor:
+        """Posterior covariance of the latent f between the rows of ``X`` (``q x q``, scaled units).
+
+        ``K_qq - V^T V`` with ``V = L^{-1} K_pq`` (exact), plus ``sigma^2 W^T W`` with ``W = L_s^{-1} K_Mq``
+        (Nystrom / DTC): the matrix forms of :meth:`latent_variance`. Dense in q: for a few hundred rows.
+        """
+        factors = self.factors()
+        Xs = self.inputs(X)
+        with torch.no_grad():
+            cov = kernel_operator(self.kernel, Xs).to_dense().clone()
+            kx = kernel_operator(self.kernel, factors.points, Xs).to_dense()
+            v = torch.linalg.solve_triangular(factors.chol, kx, upper=False)
+            cov -= v.T @ v
+            if factors.kind == "nystrom":
+                w = torch.linalg.solve_triangular(factors.chol_s, kx, upper=False)
+                cov += factors.noise * (w.T @ w)
+        return 0.5 * (cov + cov.T)
+
+    def sample(self, X: Tensor, n_samples: int, generator: torch.Generator) -> Tensor:
+        """Draws of the latent f at the rows of ``X`` from the posterior, ``q x k x n_samples``, targets' units."""
+        mean = self.mean(X)
+        cov = self.covariance(X)
+        # a relative floor on the diagonal: rounding can leave the covariance a hair indefinite
+        jitter = 1e-10 if cov.dtype == torch.float64 else 1e-5
+        scale = float(cov.diagonal().abs().max().clamp_min(torch.finfo(cov.dtype).tiny))
+        eye = torch.eye(cov.shape[0], dtype=cov.dtype, device=cov.device)
+        L = torch.linalg.cholesky(cov + jitter * scale * eye)
+        z = torch.randn(cov.shape[0], n_samples, generator=generator, dtype=cov.dtype).to(cov.device)
+        draws = (L @ z).unsqueeze(1) * self.scaling.std.reshape(1, -1, 1)
+        return mean.unsqueeze(-1) + draws
+
     # ------------------------------------------------------------------ persistence
     def state_dict(self) -> dict[str, Any]:
         """Tensors and plain values only (``torch.load(weights_only=True)``), tagged with a version."""
         variance: dict[str, Any] = {"kind": self.variance_kind}
         if self.variance_kind == "nystrom":
             variance["centers"] = _cpu(self.centers)
-        if self._factors is not None:
-            variance["factors"] = {
-                k: (_cpu(v) if torch.is_tensor(v) else v) for k, v in self._factors.state_dict().items()
-            }
-        elif self._train_X is not None:
-            variance["train_X"] = _cpu(self._train_X)
+            # whichever is smaller: the two M x M factors, or the n x d rows they are built from
+            factors_size = 2 * self.centers.shape[0] ** 2
+            rows_size = math.inf if self._train_X is None else self._train_X.numel()
+            if self._factors is not None and factors_size <= rows_size:
+                variance["factors"] = {
+                    k: (_cpu(v) if torch.is_tensor(v) else v) for k, v in self._factors.state_dict().items()
+                }
+            elif self._train_X is not None:
+                variance["train_X"] = _cpu(self._train_X)
+        # the exact factor (n x n) is never stored: the training rows it is built from are the predictor's
         if self.variance_kind == "none":
             variance["reason"] = self.no_variance_reason
         inputs = {}

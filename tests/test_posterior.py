@@ -71,7 +71,7 @@ def test_a_nystrom_model_saved_before_any_std_gives_its_std_after_loading(tmp_pa
 
 
 def test_the_state_round_trips_exactly():
-    model = kgp.KernelRegressor("rbf", lengthscale=0.8, noise=NOISE, solver="falkon", n_centers=30, random_state=1)
+    model = kgp.KernelRegressor("rbf", lengthscale=0.8, noise=NOISE, solver="falkon", n_centers=10, random_state=1)
     model.fit(X, Y)
     model.predict(XQ, return_std=True)  # factors built: the state holds them
     post = model.posterior_
@@ -101,13 +101,13 @@ def test_the_state_round_trips_exactly():
         (lambda s: s.__setitem__("version", 7), "posterior.version"),
         (lambda s: s["variance"]["factors"]["chol"].diagonal().__setitem__(0, 0.0), "posterior.variance.factors.chol"),
         (lambda s: s["variance"]["factors"].__setitem__("chol", torch.eye(5)), "posterior.variance.factors.chol"),
-        (lambda s: s["variance"]["factors"].__setitem__("chol_s", torch.ones(30, 30)), "factors.chol_s"),
+        (lambda s: s["variance"]["factors"].__setitem__("chol_s", torch.ones(10, 10)), "factors.chol_s"),
         (lambda s: s["variance"]["factors"].__setitem__("kind", "exact"), "posterior.variance.factors.kind"),
-        (lambda s: s["variance"].__setitem__("centers", torch.zeros(30, 2)), "posterior.variance.centers"),
+        (lambda s: s["variance"].__setitem__("centers", torch.zeros(10, 2)), "posterior.variance.centers"),
     ],
 )
 def test_each_entry_of_a_posterior_state_is_checked(edit, entry):
-    model = kgp.KernelRegressor("rbf", lengthscale=0.8, noise=NOISE, solver="falkon", n_centers=30, random_state=1)
+    model = kgp.KernelRegressor("rbf", lengthscale=0.8, noise=NOISE, solver="falkon", n_centers=10, random_state=1)
     model.fit(X, Y).predict(XQ, return_std=True)
     state = copy.deepcopy(model.posterior_.state_dict())
     edit(state)
@@ -147,7 +147,7 @@ def saved_gp(tmp_path_factory):
     ).fit(X, Y)
     model.predict(XQ, return_std=True)
     model.save(root / "gp.pt")
-    falkon = kgp.KernelRegressor("rbf", lengthscale=0.8, noise=NOISE, solver="falkon", n_centers=30, random_state=1)
+    falkon = kgp.KernelRegressor("rbf", lengthscale=0.8, noise=NOISE, solver="falkon", n_centers=10, random_state=1)
     falkon.fit(X, Y).predict(XQ, return_std=True)
     falkon.save(root / "falkon.pt")
     return root
@@ -168,7 +168,7 @@ def saved_gp(tmp_path_factory):
         (
             "falkon.pt",
             lambda s: s["posterior"]["variance"]["factors"].__setitem__("chol", torch.eye(4, dtype=torch.float64)),
-            "posterior.variance.factors.chol: expected a matrix of shape (30, 30)",
+            "posterior.variance.factors.chol: expected a matrix of shape (10, 10)",
         ),
         (
             "gp.pt",
@@ -218,3 +218,47 @@ def test_files_of_format_version_2_still_load(name):
     mean, std = model.predict(Xq, return_std=True)
     np.testing.assert_allclose(mean, expected[f"{key}_mean"], rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(std, expected[f"{key}_std"], rtol=1e-10, atol=1e-14)
+
+
+def test_the_covariance_is_the_dense_exact_posterior_covariance_and_sample_y_draws_from_it():
+    model = kgp.KernelRegressor("rbf", lengthscale=0.8, noise=NOISE, solver="exact").fit(X, Y)
+    Xq = XQ[:8]
+
+    def k(a, b):
+        return np.exp(-0.5 * ((a[:, None, :] - b[None, :, :]) ** 2).sum(-1) / 0.8**2)
+
+    C = k(X, X) + NOISE * np.eye(len(X))
+    ref = k(Xq, Xq) - k(Xq, X) @ np.linalg.solve(C, k(X, Xq))
+    cov = model.posterior_.covariance(torch.from_numpy(Xq)).numpy()
+    np.testing.assert_allclose(cov, ref, atol=1e-9)
+    draws = model.sample_y(Xq, n_samples=4000, random_state=0)
+    assert draws.shape == (8, 4000)
+    # 4000 draws: the sample mean is within 5 standard errors of the posterior mean, the covariance close
+    mean = model.predict(Xq)
+    se = np.sqrt(np.clip(np.diag(ref), 1e-12, None) / 4000)
+    assert np.all(np.abs(draws.mean(1) - mean) < 5 * se + 1e-9)
+    np.testing.assert_allclose(np.cov(draws), ref, atol=0.1 * np.abs(ref).max())
+    np.testing.assert_array_equal(draws, model.sample_y(Xq, n_samples=4000, random_state=0))
+
+
+def test_fit_hyperparameters_learns_what_fit_learns_and_leaves_the_estimator_unfitted():
+    params = dict(learn="exact", random_state=0, learn_options={"iterations": 8})
+    learned = kgp.KernelRegressor("rbf", **params).fit_hyperparameters(X, Y)
+    fitted = kgp.KernelRegressor("rbf", **params).fit(X, Y)
+    assert learned["noise"] == fitted.noise_ and torch.equal(learned["mean"], fitted.mean_)
+    assert learned["history"] == fitted.learn_history_
+    for a, b in zip(learned["kernel"].parameters(), fitted.kernel_.parameters()):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="fit_hyperparameters: set learn"):
+        kgp.KernelRegressor("rbf").fit_hyperparameters(X, Y)
+
+
+@pytest.mark.parametrize(("centers", "stored"), [(10, "factors"), (60, "train_X")])
+def test_a_model_file_keeps_the_smaller_sufficient_form_of_the_nystrom_variance(tmp_path, centers, stored):
+    model = kgp.KernelRegressor("rbf", lengthscale=0.8, noise=NOISE, solver="falkon", n_centers=centers)
+    model.fit(X, Y)
+    _, std = model.predict(XQ, return_std=True)  # factors built: 2 M^2 numbers against n d = 360
+    model.save(tmp_path / "m.pt")
+    variance = torch.load(tmp_path / "m.pt", weights_only=True)["posterior"]["variance"]
+    assert stored in variance and ({"factors", "train_X"} - {stored}).isdisjoint(variance)
+    np.testing.assert_allclose(kgp.load(tmp_path / "m.pt").predict(XQ, return_std=True)[1], std, rtol=1e-12)

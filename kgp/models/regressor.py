@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from ..fitting import LocalComm, RandomStreams, TrainingRows, resolve_plan
-from ..fitting.stages import FitResult, Learned, solve
+from ..fitting.stages import FitResult, Learned, learn, scale_inputs, scale_targets, select_centers, solve
 from ..monitor import Monitor
 from ..posterior import TargetScaling
 from ..validation import to_tensor
@@ -228,6 +228,61 @@ class KernelRegressor(BaseKernelModel):
             out = out.cpu().numpy()
             std = None if std is None else std.cpu().numpy()
         return out if std is None else (out, std)
+
+    def sample_y(self, X, n_samples: int = 1, random_state: int | None = 0):
+        """Draws of the latent function at ``X`` from the fitted posterior (scikit-learn's ``sample_y``).
+
+        Returns an array of shape ``(n, n_samples)`` for one output, ``(n, n_outputs, n_samples)``
+        otherwise, in the targets' units (numpy in, numpy out). The joint covariance of the rows of ``X``
+        is dense (:meth:`kgp.Posterior.covariance`): for up to a few thousand rows.
+        """
+        self._check_fitted()
+        if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 1:
+            raise ValueError(f"n_samples: expected a positive integer, got {n_samples!r}")
+        if random_state is not None and (isinstance(random_state, bool) or not isinstance(random_state, int)):
+            raise TypeError(f"random_state: expected an int or None, got {random_state!r}")
+        self._check_feature_names(X)
+        Xt = self._query(X)
+        generator = torch.Generator()
+        generator.manual_seed(random_state if random_state is not None else int(torch.randint(0, 2**62, (1,))))
+        draws = self.posterior_.sample(Xt, n_samples, generator)  # q x k x s
+        if self._y_ndim == 1:
+            draws = draws[:, 0, :]
+        return draws if isinstance(X, Tensor) else draws.cpu().numpy()
+
+    def fit_hyperparameters(self, X, y) -> dict:
+        """Only learn: select centers and learn the hyperparameters, without solving; return them.
+
+        The same stages as :meth:`fit` up to the solve (``learn`` must be set); the estimator is left as
+        it was. Returns ``kernel`` (the learned GPyTorch kernel), ``noise`` and ``mean`` (in the scaled
+        target units), ``history`` (the minimised value per evaluation) and the input and target
+        scalings (``x_mean``, ``x_std``, ``y_mean``, ``y_std``; None when off).
+        """
+        plan = resolve_plan(self.get_params())
+        if plan.objective is None:
+            raise ValueError("fit_hyperparameters: set learn (e.g. learn='exact') to learn hyperparameters")
+        Xt = to_tensor(X, "X", ndim=(2,), dtype=plan.dtype, device=plan.device)
+        Y, _ = self._encode_fit_targets(y, Xt)
+        if Y.shape[0] != Xt.shape[0]:
+            raise ValueError(f"X and y: expected the same number of samples, got {Xt.shape[0]} and {Y.shape[0]}")
+        streams = RandomStreams(self._draw_seed())
+        kernel = self._build_kernel(Xt.dtype, Xt.device, Xt.shape[1], plan)
+        rows, input_scaling = scale_inputs(TrainingRows(Xt, Y, LocalComm(Xt.shape[0])), plan.normalize_X)
+        rows, scaling = scale_targets(rows, plan.normalize_y)
+        monitor = Monitor(self.callback, bool(self.progress))
+        with _closing(monitor):
+            centers = select_centers(plan, rows, kernel, streams, input_scaling)
+            learned = learn(plan, rows, kernel, centers, streams, monitor)
+        return {
+            "kernel": learned.kernel,
+            "noise": learned.noise,
+            "mean": learned.mean,
+            "history": learned.history,
+            "x_mean": None if input_scaling is None else input_scaling.mean,
+            "x_std": None if input_scaling is None else input_scaling.std,
+            "y_mean": scaling.mean if plan.normalize_y else None,
+            "y_std": scaling.std if plan.normalize_y else None,
+        }
 
     def score(self, X, y) -> float:
         """Coefficient of determination R^2 (averaged uniformly over outputs)."""
