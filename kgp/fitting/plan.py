@@ -9,7 +9,7 @@ looks a plugin up or validates an option again.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import gpytorch
@@ -21,12 +21,14 @@ from ..capabilities import Capabilities
 from ..kernels import KERNEL_SHORTCUTS
 from ..learning.loop import split_learn_options
 from ..options import ResolvedOptions, resolve_options
+from ..recipes import RecipeChoice, RecipeRequest
 from ..registry import UnknownPluginError, get_objective, get_selector, get_solver
 from ..validation import check_n_centers, check_positive, resolve_dtype
 
 __all__ = ["DEFAULT_SELECTOR", "DEFAULT_SOLVER", "FitPlan", "PluginChoice", "RandomStreams", "resolve_plan"]
 
-DEFAULT_SOLVER = "exact"
+AUTO = "auto"
+DEFAULT_SOLVER = AUTO
 DEFAULT_SELECTOR = "uniform"
 
 
@@ -99,6 +101,7 @@ class FitPlan:
     ard: bool = False
     normalize_y: bool = False
     normalize_X: bool = False
+    recipe: RecipeChoice | None = None
 
     @property
     def needs_centers(self) -> bool:
@@ -107,23 +110,56 @@ class FitPlan:
         return uses or (self.objective is not None and self.objective.capabilities.uses_centers)
 
 
-def resolve_plan(params: Mapping[str, Any]) -> FitPlan:
+@dataclass(frozen=True)
+class DataShape:
+    """What a recipe may know of the data: sizes, dtype, device, whether the rows are sharded."""
+
+    n: int
+    d: int
+    k: int
+    dtype: torch.dtype
+    device: torch.device
+    distributed: bool = False
+
+
+def resolve_plan(params: Mapping[str, Any], shape: DataShape | None = None) -> FitPlan | None:
     """Check every estimator parameter and resolve the plugins, before any data work.
 
     ``params`` are the constructor parameters of :class:`kgp.KernelRegressor` (``get_params()``).
+    With ``solver="auto"`` or ``learn="auto"`` the recipe plugin ``"auto"`` (:mod:`kgp.recipes`)
+    chooses those values from the data's ``shape``; called without a shape, the parameters are
+    checked and None is returned (the fit calls again once the data's shape is known).
 
     Raises
     ------
     ValueError, TypeError
         Naming the parameter and what was expected; unknown plugin names list the available ones.
     """
+    _check_scalars(params)
+    auto_solver, auto_learn = params["solver"] == AUTO, params["learn"] == AUTO
+    if auto_solver and params["solver_options"]:
+        raise ValueError(
+            "solver_options: given with solver='auto'; name the solver they are for (e.g. solver='falkon'), "
+            "or leave them to the recipe"
+        )
+    choice = None
+    if auto_solver or auto_learn:
+        if shape is None:
+            return None
+        choice = _recipe_choice(params, shape, auto_solver, auto_learn)
+        params = _with_choice(params, choice, auto_solver, auto_learn)
+    plan = _assemble(params)
+    return plan if choice is None else replace(plan, recipe=choice)
+
+
+def _check_scalars(params: Mapping[str, Any]) -> None:
     check_positive(params["noise"], "noise")
     if params["lengthscale"] is not None:
         check_positive(params["lengthscale"], "lengthscale")
-    n_centers = check_n_centers(params["n_centers"])
+    check_n_centers(params["n_centers"])
     kernel = params["kernel"]
     if not isinstance(params["solver"], str):
-        raise TypeError(f"solver: expected a plugin name (str), got {type(params['solver']).__name__}")
+        raise TypeError(f"solver: expected a plugin name (str) or 'auto', got {type(params['solver']).__name__}")
     if not isinstance(kernel, (gpytorch.kernels.Kernel, str)):
         got = type(kernel).__name__
         raise TypeError(f"kernel: expected a gpytorch.kernels.Kernel or one of {KERNEL_SHORTCUTS}, got {got}")
@@ -137,8 +173,70 @@ def resolve_plan(params: Mapping[str, Any]) -> FitPlan:
         raise TypeError(f"random_state: expected an int or None, got {seed!r}")
     if params["callback"] is not None and not callable(params["callback"]):
         raise TypeError("callback: expected a callable taking an IterationInfo")
+    given = params["learn_options"]
+    if given is not None and not isinstance(given, dict):
+        raise TypeError(f"learn_options: expected a dict or None, got {type(given).__name__}")
+    if params["learn"] is None and given:
+        raise ValueError("learn_options: given without learn; set learn='auto' (or an objective such as 'exact')")
+    if params["learn"] is not None and not isinstance(params["learn"], str):
+        raise TypeError(f"learn: expected an objective plugin name (str), 'auto' or None, got {params['learn']!r}")
+    resolve_dtype(params["dtype"])
+    check_device(params["device"])
+    _switches(params, learning=params["learn"] is not None)
+
+
+def _recipe_choice(params: Mapping[str, Any], shape: DataShape, auto_solver: bool, auto_learn: bool) -> RecipeChoice:
+    from .. import settings
+    from ..registry import get_recipe
+
+    kernel = params["kernel"]
+    request = RecipeRequest(
+        n=shape.n,
+        d=shape.d,
+        k=shape.k,
+        dtype=shape.dtype,
+        device=shape.device,
+        memory_budget=settings.memory_budget.value(),
+        max_exact_size=settings.max_exact_size.value(),
+        distributed=shape.distributed,
+        solver_auto=auto_solver,
+        learn_auto=auto_learn,
+        uses_centers_explicitly=params["n_centers"] is not None
+        or not (params["centers"] is None or isinstance(params["centers"], str)),
+        kernel_has_lengthscale=not (isinstance(kernel, str) and kernel.lower() == "linear"),
+    )
+    choice = get_recipe(AUTO).choose(request)
+    if not isinstance(choice, RecipeChoice):
+        raise TypeError(
+            f"recipe {AUTO!r}: choose() must return a kgp.recipes.RecipeChoice, got {type(choice).__name__}"
+        )
+    if auto_solver and choice.solver is None:
+        raise TypeError(f"recipe {AUTO!r} left solver='auto' undecided")
+    if auto_learn and choice.learn is None:
+        raise TypeError(f"recipe {AUTO!r} left learn='auto' undecided")
+    return choice
+
+
+def _with_choice(params: Mapping[str, Any], choice: RecipeChoice, auto_solver: bool, auto_learn: bool) -> dict:
+    """The parameters with the recipe's values in place of ``"auto"`` (the user's explicit values win)."""
+    out = dict(params)
+    if auto_solver:
+        out["solver"] = choice.solver
+        out["solver_options"] = dict(choice.solver_options or {}) or None
+        if out["n_centers"] is None and choice.n_centers is not None:
+            out["n_centers"] = choice.n_centers
+    if auto_learn:
+        out["learn"] = choice.learn
+        merged = {**dict(choice.learn_options or {}), **dict(params["learn_options"] or {})}
+        out["learn_options"] = merged or None
+    return out
+
+
+def _assemble(params: Mapping[str, Any]) -> FitPlan:
+    """The plan of concrete parameters (no ``"auto"`` left): plugins, validated options, centers."""
+    n_centers = check_n_centers(params["n_centers"])
     dtype = resolve_dtype(params["dtype"])
-    device = _check_device(params["device"])
+    device = check_device(params["device"])
     solver = _choice("solver", params["solver"], _named(get_solver, DEFAULT_SOLVER, "solver=<name>"))
     solver = _with_options(solver, params["solver_options"])
     objective, learn_options = _learning(params)
@@ -196,14 +294,8 @@ def _switches(params: Mapping[str, Any], learning: bool) -> dict[str, bool]:
 def _learning(params: Mapping[str, Any]) -> tuple[PluginChoice | None, dict[str, Any]]:
     """Check ``learn`` and ``learn_options``; resolve the objective plugin."""
     learn, given = params["learn"], params["learn_options"]
-    if given is not None and not isinstance(given, dict):
-        raise TypeError(f"learn_options: expected a dict or None, got {type(given).__name__}")
     if learn is None:
-        if given:
-            raise ValueError("learn_options: given without learn; set learn='sgpr' or learn='exact' to use them")
         return None, {}
-    if not isinstance(learn, str):
-        raise TypeError(f"learn: expected an objective plugin name (str) or None, got {type(learn).__name__}")
     objective = get_objective(learn)
     _, own = split_learn_options(learn, objective, given)  # unknown keys and bad values fail here
     choice = PluginChoice("objective", learn, objective, ResolvedOptions(f"objective {learn!r}", own), _caps(objective))
@@ -246,7 +338,7 @@ def _named(getter: Callable[[str], Any], default: str, argument: str) -> Callabl
     return get
 
 
-def _check_device(device: Any) -> torch.device | None:
+def check_device(device: Any) -> torch.device | None:
     """``device`` as a torch.device; a ValueError naming it if torch does not know it or it is absent here."""
     if device is None:
         return None

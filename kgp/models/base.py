@@ -26,14 +26,14 @@ from torch import Tensor
 from .. import distributed as _dist
 from ..diagnostics import not_fitted
 from ..fitting import RandomStreams, TrainingRows, resolve_plan, run
-from ..fitting.plan import FitPlan
+from ..fitting.plan import DataShape, FitPlan, check_device
 from ..fitting.rows import broadcast_seed, comm_for
 from ..fitting.stages import FitResult, scale_inputs, scale_targets
 from ..kernels import make_kernel
 from ..monitor import IterationInfo, Monitor
 from ..plugin import Centers
 from ..registry import get_solver
-from ..validation import check_n_centers, to_tensor
+from ..validation import check_n_centers, resolve_dtype, to_tensor
 from .sklearn_compat import SklearnProtocol, feature_names_of
 
 __all__ = ["BaseKernelModel"]
@@ -55,7 +55,7 @@ class BaseKernelModel(SklearnProtocol):
         *,
         lengthscale: float | None = 1.0,
         noise: float = 1e-2,
-        solver: str = "exact",
+        solver: str = "auto",
         centers: str | Tensor | np.ndarray | None = None,
         n_centers: int | None = None,
         solver_options: dict | None = None,
@@ -162,11 +162,13 @@ class BaseKernelModel(SklearnProtocol):
 
     def _fit(self, X, y, validation_data, channel):
         """The one fit path; ``channel`` is None for a local fit, else the distributed fit's channel."""
-        plan = resolve_plan(self.get_params())
-        if channel is not None:
+        params = self.get_params()
+        plan = resolve_plan(params)  # None: a recipe decides once the data's shape is known
+        if channel is not None and plan is not None:
             _check_distributed_plugins(plan)
         feature_names = feature_names_of(X)
-        Xt = to_tensor(X, "X", ndim=(2,), dtype=plan.dtype, device=plan.device, allow_empty=channel is not None)
+        dtype, device = resolve_dtype(self.dtype), check_device(self.device)
+        Xt = to_tensor(X, "X", ndim=(2,), dtype=dtype, device=device, allow_empty=channel is not None)
         if channel is None:
             Y, targets = self._encode_fit_targets(y, Xt)
         else:
@@ -182,7 +184,12 @@ class BaseKernelModel(SklearnProtocol):
                 **{"number of features": Xt.shape[1], "number of outputs": Y.shape[1], "dtype": Xt.element_size()},
             )
         comm = comm_for(shard, Xt.shape[0])
-        check_n_centers(self.n_centers, comm.n_total)
+        if plan is None:
+            shape = DataShape(comm.n_total, Xt.shape[1], Y.shape[1], Xt.dtype, Xt.device, shard is not None)
+            plan = resolve_plan(params, shape)
+            if shard is not None:
+                _check_distributed_plugins(plan)
+        check_n_centers(plan.n_centers, comm.n_total)
         streams = RandomStreams(broadcast_seed(comm, self._draw_seed()))
         kernel = self._build_kernel(Xt.dtype, Xt.device, Xt.shape[1], plan)
         rows, input_scaling = scale_inputs(TrainingRows(Xt, Y, comm), plan.normalize_X)
@@ -206,6 +213,7 @@ class BaseKernelModel(SklearnProtocol):
         self._set_fitted(
             plan_solver=plan.solver.name,
             result=result,
+            recipe=plan.recipe,
             seed=streams.seed,
             n_features=Xt.shape[1],
             targets=targets,
@@ -272,11 +280,14 @@ class BaseKernelModel(SklearnProtocol):
         chunks_seen: int = 0,
         shard: _dist.Shard | None = None,
         feature_names: np.ndarray | None = None,
+        recipe: Any = None,
     ) -> None:
         """Write every fitted attribute (the one place that does: fit, partial_fit and load call it)."""
         posterior = result.posterior
         centers: Centers | None = result.centers
         self.posterior_ = posterior
+        # what solver='auto' / learn='auto' chose and why (kgp.recipes); None when nothing was left to it
+        self.recipe_ = recipe if recipe is None or isinstance(recipe, dict) else recipe.as_dict()
         self.kernel_ = posterior.kernel
         self.solver_name_ = plan_solver
         self.solver_ = get_solver(plan_solver)

@@ -9,10 +9,11 @@ import torch
 from torch import Tensor
 
 from ..fitting import LocalComm, RandomStreams, TrainingRows, resolve_plan
+from ..fitting.plan import DataShape, check_device
 from ..fitting.stages import FitResult, Learned, learn, scale_inputs, scale_targets, select_centers, solve
 from ..monitor import Monitor
 from ..posterior import TargetScaling
-from ..validation import to_tensor
+from ..validation import resolve_dtype, to_tensor
 from .base import BaseKernelModel, _closing
 from .sklearn_compat import feature_names_of, solver_method
 
@@ -132,6 +133,11 @@ class KernelRegressor(BaseKernelModel):
         chunk ``c`` (:class:`kgp.fitting.RandomStreams`).
         The method exists only when the solver implements it (``hasattr(model, "partial_fit")``).
         """
+        if self.solver == "auto":
+            raise ValueError(
+                "partial_fit: solver='auto' chooses a solver from the whole training set; name a streaming "
+                "solver (e.g. solver='dsg')"
+            )
         plan = resolve_plan(self.get_params())
         feature_names = feature_names_of(X)
         first = "posterior_" not in self.__dict__
@@ -258,13 +264,16 @@ class KernelRegressor(BaseKernelModel):
         target units), ``history`` (the minimised value per evaluation) and the input and target
         scalings (``x_mean``, ``x_std``, ``y_mean``, ``y_std``; None when off).
         """
-        plan = resolve_plan(self.get_params())
-        if plan.objective is None:
-            raise ValueError("fit_hyperparameters: set learn (e.g. learn='exact') to learn hyperparameters")
-        Xt = to_tensor(X, "X", ndim=(2,), dtype=plan.dtype, device=plan.device)
+        params = self.get_params()
+        if params["learn"] is None:
+            raise ValueError("fit_hyperparameters: set learn (e.g. learn='auto') to learn hyperparameters")
+        plan = resolve_plan(params)
+        Xt = to_tensor(X, "X", ndim=(2,), dtype=resolve_dtype(self.dtype), device=check_device(self.device))
         Y, _ = self._encode_fit_targets(y, Xt)
         if Y.shape[0] != Xt.shape[0]:
             raise ValueError(f"X and y: expected the same number of samples, got {Xt.shape[0]} and {Y.shape[0]}")
+        if plan is None:
+            plan = resolve_plan(params, DataShape(Xt.shape[0], Xt.shape[1], Y.shape[1], Xt.dtype, Xt.device))
         streams = RandomStreams(self._draw_seed())
         kernel = self._build_kernel(Xt.dtype, Xt.device, Xt.shape[1], plan)
         rows, input_scaling = scale_inputs(TrainingRows(Xt, Y, LocalComm(Xt.shape[0])), plan.normalize_X)

@@ -1,0 +1,82 @@
+"""The measured rule behind ``solver="auto"`` and ``learn="auto"``.
+
+Learning (``learn="auto"``): the exact marginal likelihood (objective ``exact``) on a random subset of
+``SUBSET`` rows, by L-BFGS with ``LBFGS_EVALUATIONS`` evaluations. The subset's exact likelihood has
+no Nystrom bias (the collapsed bound with few centers learns lengthscales too long and a noise too
+large: docs/gp-workflow.md 8.1), and its hyperparameters are those the exact GP of the benchmark uses.
+
+Solving (``solver="auto"``): the exact solve while the dense ``n x n`` matrix fits the memory budget
+and ``kgp.settings.max_exact_size``; above, FALKON on uniform centers, as many as the budget holds
+(:func:`nystrom_centers`), up to ``MAX_CENTERS``.
+"""
+
+from __future__ import annotations
+
+import math
+
+from kgp.recipes import RecipeChoice, RecipeRequest
+
+__all__ = ["AutoRecipe", "exact_limit", "nystrom_centers"]
+
+SUBSET = 3000
+LBFGS_EVALUATIONS = 50
+MAX_CENTERS = 15_000
+MIN_CENTERS = 100
+# M x M arrays alive at once in a FALKON fit with its Nystrom variance, float64: K_MM, the two
+# preconditioner factors, the variance's two factors and one for the Gram sum
+_SQUARE_ARRAYS = 5
+_FACTOR_BYTES = 8  # the preconditioner and the variance factors are float64 whatever the input dtype
+
+
+def exact_limit(request: RecipeRequest) -> int:
+    """Largest n whose dense ``n x n`` matrix (in the input dtype) fits the budget and max_exact_size."""
+    itemsize = 8 if str(request.dtype) == "torch.float64" else 4
+    by_memory = int(math.isqrt(max(request.memory_budget, 1) // itemsize))
+    return min(request.max_exact_size, by_memory)
+
+
+def nystrom_centers(request: RecipeRequest) -> int:
+    """Centers for FALKON: as many as ``_SQUARE_ARRAYS`` float64 ``M x M`` arrays in the budget allow."""
+    by_memory = int(math.isqrt(max(request.memory_budget, 1) // (_SQUARE_ARRAYS * _FACTOR_BYTES)))
+    return max(min(request.n, MIN_CENTERS), min(request.n, MAX_CENTERS, by_memory))
+
+
+class AutoRecipe:
+    """Chooses the solver, the centers and the learning from the data's size (see the module docstring)."""
+
+    def choose(self, request: RecipeRequest) -> RecipeChoice:
+        reasons: dict[str, str] = {}
+        solver = n_centers = learn = learn_options = None
+        if request.solver_auto:
+            limit = exact_limit(request)
+            if request.n <= limit and not request.distributed and not request.uses_centers_explicitly:
+                solver = "exact"
+                reasons["solver"] = f"n = {request.n:,} <= {limit:,}: the dense exact solve fits the memory budget"
+            else:
+                solver = "falkon"
+                why = (
+                    "a distributed fit"
+                    if request.distributed
+                    else "centers were given"
+                    if request.uses_centers_explicitly
+                    else f"n = {request.n:,} > {limit:,} (dense n x n beyond the memory budget or max_exact_size)"
+                )
+                reasons["solver"] = f"{why}: FALKON on Nystrom centers"
+                if not request.uses_centers_explicitly:
+                    n_centers = nystrom_centers(request)
+                    reasons["n_centers"] = (
+                        f"{n_centers:,} centers: the most that {_SQUARE_ARRAYS} float64 M x M arrays in "
+                        f"kgp.settings.memory_budget allow, at most {MAX_CENTERS:,}"
+                    )
+        if request.learn_auto:
+            learn = "exact"
+            subset = min(request.n, SUBSET)
+            learn_options = {"optimizer": "lbfgs", "iterations": LBFGS_EVALUATIONS}
+            if subset < request.n or request.distributed:  # a distributed fit gathers the subset's rows
+                learn_options["subset"] = subset
+            reasons["learn"] = (
+                f"exact marginal likelihood on {subset:,} random rows, L-BFGS with {LBFGS_EVALUATIONS} evaluations"
+            )
+        return RecipeChoice(
+            solver=solver, n_centers=n_centers, learn=learn, learn_options=learn_options, reasons=reasons
+        )
