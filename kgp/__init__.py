@@ -6,8 +6,8 @@ Quick start::
     model = kgp.KernelRegressor(kernel="rbf", lengthscale=1.0, noise=1e-2, solver="exact")
     model.fit(X, y).predict(X_test)
 
-Solvers and center selectors are plugins picked by name (``kgp plugins`` lists them); see
-:mod:`kgp.hookspecs` for the plugin contract.
+Solvers, center selectors and hyperparameter objectives are plugins picked by name (``kgp plugins``
+lists them); see :mod:`kgp.hookspecs` and docs/plugin-author-guide.md for the plugin contract.
 """
 
 from . import settings
@@ -20,7 +20,7 @@ from .models import KernelClassifier, KernelRegressor, ModelFileError, load
 from .monitor import IterationInfo, Monitor
 from .operators import KernelOperator, kernel_operator
 from .options import Option, resolve_options
-from .plugin import Centers, Problem, SelectionRequest, default_n_centers, merge_options
+from .plugin import Centers, Problem, SelectionRequest, default_n_centers
 from .predictors import KernelExpansion
 from .registry import get_selector, get_solver, list_plugins, register, unregister
 
@@ -50,7 +50,6 @@ __all__ = [
     "kernel_operator",
     "list_plugins",
     "load",
-    "merge_options",
     "register",
     "resolve_options",
     "settings",

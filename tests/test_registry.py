@@ -1,4 +1,4 @@
-"""Plugin registry: runtime registration, conflicts, broken plugins, entry-point switches."""
+"""Plugin registry: runtime registration, conflicts, broken plugins, entry-point switches, loading once."""
 
 import os
 import subprocess
@@ -11,15 +11,15 @@ import pytest
 import torch
 
 import kgp
-from kgp.plugin import merge_options
+from kgp.options import merge_options
 from kgp.registry import LoadFailure, PluginConflictError, PluginLoadError, Registry, UnknownPluginError
 
 
 class ScaledExact:
     """A toy third-party solver: the exact solution computed with a dense solve (no Cholesky)."""
 
-    option_defaults = {"shift": 0.0}
-    uses_centers = False
+    option_defaults = {"shift": kgp.Option.number(0.0, help="added to every coefficient")}
+    capabilities = kgp.Capabilities(target="exact")
 
     def fit(self, problem):
         K = problem.kernel_operator(problem.X).to_dense()
@@ -228,7 +228,7 @@ def test_entry_points_broken_plugin_and_switches(tmp_path):
                 import kgp
                 class S:
                     option_defaults = {}
-                    uses_centers = False
+                    capabilities = kgp.Capabilities()
                     def fit(self, problem):
                         raise NotImplementedError
                 @kgp.hookimpl
@@ -276,7 +276,7 @@ def test_entry_point_name_clash_reports_both_distributions(tmp_path):
         import kgp
         class S:
             option_defaults = {}
-            uses_centers = False
+            capabilities = kgp.Capabilities()
             def fit(self, problem):
                 raise NotImplementedError
         @kgp.hookimpl

@@ -71,7 +71,8 @@ import torch
 
 from kgp.linalg import largest_eigenvalue
 from kgp.options import InvalidOptionError, Option
-from kgp.plugin import Problem, merge_options
+import kgp
+from kgp.plugin import Problem
 
 from .checks import LossTrace, isolated_fraction, off_data_noise, scaled_inputs_checked, warn_if_noisy_off_data
 from .features import RandomFeatureExpansion, RandomFeatureMap
@@ -101,12 +102,12 @@ class DSGSolver:
     r"""Doubly stochastic functional gradient descent (Dai et al. 2014, Algorithms 1-2), square loss.
 
     Options are declared in :attr:`option_defaults` (one line of help each; ``kgp plugins --options
-    dsg``) and validated by :func:`kgp.merge_options`; docs/solvers/dsg.md explains them. Notes on
-    the less obvious ones:
+    dsg``) and validated once by :func:`kgp.resolve_options`; docs/solvers/dsg.md explains them.
+    Every option computed from the data when not given defaults to None. Notes on the less obvious ones:
 
-    ``t0`` / ``gamma_max`` ("auto")
-        ``gamma_t = theta / (t + t0)``; "auto" t0 is ``max(0, theta / gamma_max - 1)``, so that the
-        first step is ``gamma_max``; "auto" gamma_max is ``min(1 / (lambda_1 + s / m), r m / (n s))``
+    ``t0`` / ``gamma_max`` (None, or the former spelling "auto")
+        ``gamma_t = theta / (t + t0)``; t0 None is ``max(0, theta / gamma_max - 1)``, so that the
+        first step is ``gamma_max``; gamma_max None is ``min(1 / (lambda_1 + s / m), r m / (n s))``
         (not in the paper; see :meth:`_gamma_max`).
     ``train_predictions`` ("auto")
         How f_t(x_j) is evaluated: "recompute" (Algorithm 1 as printed: regenerate all earlier
@@ -173,17 +174,18 @@ class DSGSolver:
             help="gradient: step-size constant in gamma_t = theta / (t + t0); None: 1 / nu (Thm. 4)",
         ),
         "t0": Option.number(
-            "auto",
+            None,
             minimum=0.0,
+            allow_none=True,
             keywords=("auto",),
-            help="gradient: clock offset in gamma_t = theta / (t + t0); 'auto': first step gamma_max; 0: the paper's",
+            help="gradient: clock offset in gamma_t = theta / (t + t0); None ('auto'): first step gamma_max; "
+            "0: the paper's",
         ),
         "gamma_max": Option.number(
-            "auto",
-            minimum=0.0,
-            exclusive_minimum=True,
+            None,
+            **_POSITIVE_OR_NONE,
             keywords=("auto",),
-            help="gradient: first step for the 'auto' t0; 'auto': min(1 / (lambda_1 + s / m), r m / (n s))",
+            help="gradient: first step for t0 None; None ('auto'): min(1 / (lambda_1 + s / m), r m / (n s))",
         ),
         "seed": Option.integer(
             None, minimum=0, allow_none=True, help="model seed of the random features; None: from random_state"
@@ -198,12 +200,24 @@ class DSGSolver:
             None, minimum=1, allow_none=True, help="steps between monitor reports; None: once per pass"
         ),
     }
+    # approximates the exact posterior mean by random features (no variance); fit is data-parallel,
+    # partial_fit is local (docs/scaling-out.md)
+    capabilities = kgp.Capabilities(target="mean_only", distributed=True, partial_fit=True)
+    # legacy flag: read by kgp/models until the fit plan lands
     uses_centers = False
-    supports_distributed = True  # fit only; partial_fit is local (docs/scaling-out.md)
+    # legacy flag: read by kgp/models until the fit plan lands
+    supports_distributed = True
+
+    def check_options(self, options: dict[str, Any]) -> dict[str, Any]:
+        """One spelling for "computed from the data": the former ``"auto"`` of t0 and gamma_max becomes None."""
+        for name in ("t0", "gamma_max"):
+            if options[name] == "auto":
+                options[name] = None
+        return options
 
     def fit(self, problem: Problem) -> RandomFeatureExpansion:
         """Run Algorithm 1 for ``passes`` passes (or ``max_steps`` steps) over ``problem.X``."""
-        opts = merge_options(_OWNER, self.option_defaults, problem.options)
+        opts = problem.options  # resolved by the core (kgp.resolve_options)
         return self._run(problem, None, opts, opts["passes"])
 
     def partial_fit(self, problem: Problem, previous: RandomFeatureExpansion | None) -> RandomFeatureExpansion:
@@ -214,7 +228,7 @@ class DSGSolver:
         """
         if previous is not None and not isinstance(previous, RandomFeatureExpansion):
             raise TypeError(f"previous: expected a RandomFeatureExpansion or None, got {type(previous).__name__}")
-        opts = merge_options(_OWNER, self.option_defaults, problem.options)
+        opts = problem.options  # resolved by the core (kgp.resolve_options)
         passes = opts["partial_fit_passes"]
         if passes is None:
             update = previous.schedule.get("update", "gradient") if previous is not None else opts["update"]
@@ -305,7 +319,7 @@ class DSGSolver:
             t_prev = previous.n_steps
             sched = dict(previous.schedule)
             n_seen = int(sched.get("n_seen", 0)) + n
-            gamma_max = sched.get("gamma_max") if opts["gamma_max"] == "auto" else opts["gamma_max"]
+            gamma_max = sched.get("gamma_max") if opts["gamma_max"] is None else opts["gamma_max"]
             shift = previous.shift
         else:
             seed = opts["seed"]
@@ -313,7 +327,7 @@ class DSGSolver:
                 seed = int(torch.randint(0, 2**62, (1,), generator=problem.generator))
             t_prev = 0
             n_seen = n
-            gamma_max = None if opts["gamma_max"] == "auto" else opts["gamma_max"]
+            gamma_max = opts["gamma_max"]
             # Centre the inputs: phases omega^T (x - mean) stay small (rounding, float32; checks.py).
             shift = sums.tensor(X.detach().to(torch.float64).sum(0)).div_(n) if n else None
         steps_per_pass = math.ceil(n / m)
@@ -331,7 +345,7 @@ class DSGSolver:
             if gamma_max is None:
                 gamma_max = self._gamma_max(problem, sampler, m, r)
             theta = opts["theta"] if opts["theta"] is not None else 1.0 / nu
-            t0 = max(0.0, theta / gamma_max - 1.0) if opts["t0"] == "auto" else opts["t0"]
+            t0 = max(0.0, theta / gamma_max - 1.0) if opts["t0"] is None else opts["t0"]
             schedule = {"update": update, "nu": nu, "theta": theta, "t0": t0, "gamma_max": gamma_max, "n_seen": n_seen}
         report_every = opts["report_every"] or steps_per_pass
 
