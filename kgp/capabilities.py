@@ -84,7 +84,9 @@ class Capabilities:
         if not isinstance(self.loop_defaults, Mapping):
             raise TypeError(f"Capabilities.loop_defaults: expected a dict, got {type(self.loop_defaults).__name__}")
         if not all(isinstance(key, str) for key in self.loop_defaults):
-            raise TypeError(f"Capabilities.loop_defaults: expected option names (str) as keys, got {self.loop_defaults}")
+            raise TypeError(
+                f"Capabilities.loop_defaults: expected option names (str) as keys, got {self.loop_defaults}"
+            )
         # frozen means frozen: a shared default dict could otherwise be changed through one plugin
         object.__setattr__(self, "loop_defaults", MappingProxyType(dict(self.loop_defaults)))
 

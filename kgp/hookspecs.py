@@ -10,9 +10,10 @@ known to kgp through an entry point in the ``kgp`` group::
 kgp's own solvers, selectors and objectives register through exactly these hooks (they live in the
 ``kgp_builtins`` package, outside the core). Each hook receives a ``register`` callback; call it
 once per thing you provide; every solver, selector and objective declares its
-:class:`kgp.Capabilities` and its options (:class:`kgp.Option`), checked when it registers. Names are global across all plugins: a third party registering a
-built-in's name is ignored for that name (the built-in wins), two third parties registering the same
-name make it unusable, with an error naming both origins. A decorated function whose name is none
+:class:`kgp.Capabilities` and its options (:class:`kgp.Option`), checked when it registers. Names
+are global across all plugins: a third party registering a built-in's name is ignored for that name
+(the built-in wins), two third parties registering the same name make it unusable, with an error
+naming both origins. A decorated function whose name is none
 of the hooks below (e.g. ``register_solver``) makes kgp skip the plugin, naming the closest hook.
 """
 

@@ -188,7 +188,9 @@ def test_dsg_computed_defaults_are_none_with_auto_as_the_former_spelling():
     assert kgp.resolve_options("solver 'dsg'", dsg, t0=0)["t0"] == 0.0
 
 
-def test_merge_options_is_importable_only_from_kgp_options():
+def test_merge_options_is_no_longer_part_of_the_plugin_api():
     from kgp import plugin
 
-    assert not hasattr(kgp, "merge_options") and "merge_options" not in plugin.__all__
+    # (kgp.merge_options and kgp.plugin.merge_options stay importable only for the transition: the
+    # built-in objectives and kgp/models call them until their branches land)
+    assert "merge_options" not in kgp.__all__ and "merge_options" not in plugin.__all__

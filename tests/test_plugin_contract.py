@@ -146,7 +146,9 @@ class FakeObjective:
             r = problem.y - mean
             L = torch.linalg.cholesky(K)
             a = torch.cholesky_solve(r, L)
-            nll = 0.5 * (r * a).sum() + problem.n_outputs * (L.diagonal().log().sum() + 0.5 * problem.n * np.log(2 * np.pi))
+            nll = 0.5 * (r * a).sum() + problem.n_outputs * (
+                L.diagonal().log().sum() + 0.5 * problem.n * np.log(2 * np.pi)
+            )
             return nll / r.numel()
 
         return loss

@@ -341,7 +341,9 @@ def test_first_lookup_from_eight_threads_in_a_fresh_process_sees_every_plugin(tm
     """10 fresh processes, 8 threads each behind a barrier: before the fix every process had 7 failures."""
     env = _env_for(tmp_path, KGP_DISABLE_ENTRYPOINTS="1")
     runs = [
-        subprocess.Popen([sys.executable, "-c", RACE], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        subprocess.Popen(
+            [sys.executable, "-c", RACE], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
         for _ in range(10)
     ]
     outputs = [run.communicate(timeout=300) for run in runs]

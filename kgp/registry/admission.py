@@ -26,7 +26,9 @@ from .records import HOOK_NAMES, KINDS, PluginInfo, Rejected, one_line
 __all__ = ["admit"]
 
 
-def admit(pm: pluggy.PluginManager, plugin: object, name: str, dist: str | None, version: str | None) -> list[PluginInfo]:
+def admit(
+    pm: pluggy.PluginManager, plugin: object, name: str, dist: str | None, version: str | None
+) -> list[PluginInfo]:
     """Register ``plugin`` under ``name``, call its hooks and return what it registered.
 
     Raises
@@ -65,7 +67,8 @@ def _check_known_hooks(pm: pluggy.PluginManager, plugin: object) -> None:
             if not caller.has_spec() and any(i.plugin is plugin and not i.optionalhook for i in caller.get_hookimpls())
         ]
         if unknown:  # else the pending hook is another plugin's, registered with pluggy directly: not ours to judge
-            raise Rejected("unknown-hook", f"unknown hook(s) {', '.join(sorted(unknown))}", _unknown_hooks(unknown))
+            error = f"unknown hook(s) {', '.join(sorted(unknown))}"
+            raise Rejected("unknown-hook", error, _unknown_hooks(unknown)) from None  # no traceback: nothing raised
 
 
 def _call_hook(

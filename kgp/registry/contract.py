@@ -122,7 +122,7 @@ def _check_option_defaults(obj: Any) -> None:
         raise ContractError(
             f"declares option(s) {plain} in option_defaults with plain values, not kgp.Option declarations; "
             "declare each with its default, accepted values and help, e.g. "
-            "`kgp.Option.integer(100, minimum=1, help=\"iterations\")` or `kgp.Option(default, help=...)` "
+            '`kgp.Option.integer(100, minimum=1, help="iterations")` or `kgp.Option(default, help=...)` '
             "for any value"
         )
     for name, declaration in defaults.items():

@@ -117,7 +117,9 @@ def bless(
     BlessResult
     """
     lam = _check_inputs(X, kernel, lam, allow_empty=shard is not None)
-    options = parse_options("bless()", BLESS_OPTIONS, q=q, t=t, q1=q1, q2=q2, early_stop=early_stop, linalg_dtype=linalg_dtype)
+    options = parse_options(
+        "bless()", BLESS_OPTIONS, q=q, t=t, q1=q1, q2=q2, early_stop=early_stop, linalg_dtype=linalg_dtype
+    )
     draw_level = functools.partial(_bless_level, q1=options.pop("q1"))
     return run_path(
         "bless", X, kernel, lam, n_centers=n_centers, generator=generator, draw_level=draw_level, shard=shard, **options

@@ -25,14 +25,10 @@ def _positive(default: float, help: str) -> Option:
     return Option.number(default, minimum=0.0, exclusive_minimum=True, help=help)
 
 
-_Q = Option.number(
-    2.0, minimum=1.0, exclusive_minimum=True, help="lambda step of the path, lambda_h = lambda_0 / q^h"
-)
+_Q = Option.number(2.0, minimum=1.0, exclusive_minimum=True, help="lambda step of the path, lambda_h = lambda_0 / q^h")
 _T = _positive(1.0, help="accuracy parameter of Thm. 1; lambda_0 = kappa^2 / min(t, 1)")
 _Q2 = _positive(3.0, help="centers per unit of d_eff: M_h = q2 d_h (Alg. 2: inclusion p = min(q2 l~, 1))")
-_EARLY_STOP = Option.boolean(
-    True, help="with n_centers: stop the path at the first lambda_h with q2 d_h >= n_centers"
-)
+_EARLY_STOP = Option.boolean(True, help="with n_centers: stop the path at the first lambda_h with q2 d_h >= n_centers")
 _LINALG_DTYPE = Option.choice(
     "float64", LINALG_DTYPES, help="dtype of the |J| x |J| factorisation and solves ('input': X's)"
 )

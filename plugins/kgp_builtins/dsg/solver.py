@@ -69,9 +69,9 @@ from typing import Any
 
 import torch
 
+import kgp
 from kgp.linalg import largest_eigenvalue
 from kgp.options import InvalidOptionError, Option
-import kgp
 from kgp.plugin import Problem
 
 from .checks import LossTrace, isolated_fraction, off_data_noise, scaled_inputs_checked, warn_if_noisy_off_data

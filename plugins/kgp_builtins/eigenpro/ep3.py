@@ -24,8 +24,8 @@ import time
 import torch
 from torch import Tensor
 
-from kgp import settings
 import kgp
+from kgp import settings
 from kgp.options import Option
 from kgp.plugin import KernelExpansion, Problem
 

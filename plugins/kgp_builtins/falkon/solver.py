@@ -12,6 +12,7 @@ kernel expansion over the centers.
 from __future__ import annotations
 
 import math
+
 import torch
 from torch import Tensor
 
@@ -24,6 +25,7 @@ from .precision import DISTANCE_SWITCH, float32_jitter, kernel_resolution
 from .preconditioner import build_preconditioner
 
 __all__ = ["FalkonSolver"]
+
 
 class FalkonSolver:
     """FALKON: Nystrom KRR solved by conjugate gradient with the preconditioner of Def. 3.
