@@ -279,32 +279,6 @@ class TestExactThroughBaseClass(SolverConformance):
     rtol_float32 = 1e-4
 
 
-def test_author_guide_example_solver_passes_the_kit():
-    """The solver printed in docs/plugin-author-guide.md, run as written, with the configuration shown there."""
-    import re
-    import types
-    from pathlib import Path
-
-    guide = (Path(__file__).resolve().parents[1] / "docs" / "plugin-author-guide.md").read_text()
-    source = next(block for block in re.findall(r"```python\n(.*?)```", guide, re.S) if "class MySolver" in block)
-    module = types.ModuleType("guide_plugin")
-    exec(compile(source, "plugin-author-guide.md", "exec"), module.__dict__)
-    kgp.register(module, name="guide-plugin")
-    try:
-        results = check_solver(
-            "my-solver",
-            solver_options={"maxiter": 500},
-            rtol=1e-6,
-            rtol_float32=1e-2,
-            iterative=True,
-            invalid_options=({"maxiter": 0}, {"tol": -1.0}),
-        )
-    finally:
-        kgp.unregister("guide-plugin")
-    assert results["oracle"]["rel_error"] < 1e-6
-    assert results["callback"]["iterations_full"] >= 2
-
-
 def test_device_checks_run_on_an_explicit_device():
     """The CUDA checks' code path, exercised on the CPU (the machine running CI may have no GPU)."""
     measured = SOLVER_CHECKS["device"]("exact", device="cpu", rtol=1e-8, rtol_float32=1e-4)

@@ -72,7 +72,7 @@ def _dtc_heldout(problem: LearningProblem, noise, mean, score: str) -> float:
 
 class TestHoldoutObjective(ObjectiveConformance):
     objective_name = "holdout"
-    rtol = 1e-8  # measured 5e-14 (K_ZZ's condition number enters through the variance)
+    rtol = 1e-8  # measured 5.6e-13 (K_ZZ's condition number enters through the variance)
     invalid_options = ({"holdout_fraction": 1.0}, {"score": "mae"}, {"max_holdout_rows": 0})
 
     @staticmethod
