@@ -362,7 +362,7 @@ class NystromPreconditionedCG:
             z = precondition(r)
             rz_new = (r * z).sum(0)
             p, rz = z + (rz_new / rz) * p, rz_new
-            stop = problem.monitor.step(it, lambda: KernelExpansion(problem.kernel, X, alpha))
+            stop = problem.monitor.step(it, lambda alpha=alpha: KernelExpansion(problem.kernel, X, alpha))
             if stop or bool((r.norm(dim=0) <= stop_at).all()):
                 break
         return KernelExpansion(problem.kernel, X, alpha)
