@@ -306,13 +306,14 @@ def merge_options(owner: str, defaults: Mapping[str, Any], given: Mapping[str, A
     """Transitional, no part of the plugin API (not in ``__all__``, not in ``kgp``): the options merge that
     kgp/models/base.py imports from here until the fit plan resolves options with :func:`kgp.resolve_options`.
 
-    It resolves them as that will: for the registered solver or selector whose ``option_defaults``
-    are ``defaults``, :func:`kgp.resolve_options` (its ``check_options`` included), so that plugins
-    can rely on resolved options already. Delete it when kgp/models calls ``resolve_options``.
+    It resolves them as that will: for the registered plugin that ``owner`` names (``"solver 'falkon'"``)
+    and whose ``option_defaults`` are ``defaults``, :func:`kgp.resolve_options` (its ``check_options``
+    included), so that plugins can rely on resolved options already. Delete it when kgp/models calls
+    ``resolve_options``.
     """
     from .registry import registry  # the registry loads plugins, which import this module
 
     for info in registry.infos():
-        if info.kind in ("solver", "selector") and getattr(info.obj, "option_defaults", None) is defaults:
+        if f"{info.kind} {info.name!r}" == owner and getattr(info.obj, "option_defaults", None) is defaults:
             return resolve_options(owner, info.obj, given)
     return ResolvedOptions(owner, _parse_options(owner, defaults, given))

@@ -61,14 +61,13 @@ GPyTorch; pytest collects the ``*Conformance`` classes (``pip install 'kgp[testi
 from __future__ import annotations
 
 from .conformance import ObjectiveConformance, SelectorConformance, SolverConformance
-from .memory import LargestTensor
+from .memory import LargestTensor, check_objective_memory
 from .objective_checks import (
     OBJECTIVE_CHECKS,
     check_objective,
     check_objective_device,
     check_objective_gradcheck,
     check_objective_invalid_options,
-    check_objective_memory,
     check_objective_protocol,
     check_objective_seed,
     check_objective_unknown_option,

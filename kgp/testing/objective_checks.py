@@ -18,20 +18,23 @@ import torch
 from torch import Tensor
 from torch.autograd.gradcheck import GradcheckError
 
-from .. import settings
 from ..capabilities import Capabilities
 from ..models import KernelRegressor
 from ..options import resolve_options
-from .memory import LargestTensor
-from .objective_oracles import OBJECTIVE_ORACLES, objective_problem, set_hyperparameters
+from .memory import check_objective_memory
+from .objective_oracles import (
+    LOSS_POINTS,
+    OBJECTIVE_ORACLES,
+    evaluate_loss,
+    objective_problem,
+    prepare_loss,
+    set_hyperparameters,
+)
 from .oracles import DEFAULT_SPEC, OracleSpec, make_oracle_data
 from .support import GlobalRngGuard, plugin_info, reproduces, run_all, skip
 
 __all__ = [
     "GRADCHECK_SPEC",
-    "MEMORY_BUDGET",
-    "MEMORY_EXACT_SIZE",
-    "MEMORY_SPEC",
     "OBJECTIVE_CHECKS",
     "check_objective",
     "check_objective_device",
@@ -46,35 +49,6 @@ __all__ = [
 
 GRADCHECK_SPEC = OracleSpec(n=24, n_test=1, d=2, n_centers=6, noise=0.1)
 """The small float64 problem of :func:`check_objective_gradcheck` (finite differences cost 2 losses per input)."""
-
-MEMORY_SPEC = OracleSpec(n=2000, n_test=1, d=3, n_centers=20)
-"""The problem of :func:`check_objective_memory`: n x M = 40,000 entries, above its budget."""
-
-MEMORY_EXACT_SIZE = 100
-"""``kgp.settings.max_exact_size`` in :func:`check_objective_memory`: dense blocks up to 100 x 100 are allowed."""
-
-MEMORY_BUDGET = 2**16
-"""Bytes of ``kgp.settings.memory_budget`` in :func:`check_objective_memory` (8,192 float64 entries,
-below ``n x M`` of :data:`MEMORY_SPEC`: an objective must stream ``K_nM`` over row blocks)."""
-
-# (lengthscale, outputscale, noise, mean) at which values are compared and the protocol is probed
-_POINTS = ((1.0, 1.0, 1e-2, 0.0), (0.6, 2.0, 0.3, 0.4))
-
-
-def _evaluate(loss: Callable, problem, noise: float, mean: float, grad: bool = False) -> tuple[Tensor, Tensor, Tensor]:
-    like = {"dtype": problem.dtype, "device": problem.device}
-    noise_t = torch.tensor(noise, **like, requires_grad=grad)
-    mean_t = torch.full((problem.n_outputs,), mean, **like, requires_grad=grad)
-    return loss(noise_t, mean_t), noise_t, mean_t
-
-
-def _prepare(name: str, problem) -> Callable:
-    loss = plugin_info("objective", name).obj.prepare(problem)
-    if not callable(loss):
-        raise AssertionError(
-            f"objective {name!r}: prepare(problem) returned {type(loss).__name__}, not loss(noise, mean)"
-        )
-    return loss
 
 
 def check_objective_protocol(
@@ -91,7 +65,7 @@ def check_objective_protocol(
     for dtype in (torch.float64, torch.float32):
         problem = objective_problem(name, data, objective_options, dtype=dtype)
         X, y = problem.X.clone(), problem.y.clone()
-        value, noise, mean = _evaluate(_prepare(name, problem), problem, *_POINTS[1][2:], grad=True)
+        value, noise, mean = evaluate_loss(prepare_loss(name, problem), problem, *LOSS_POINTS[1][2:], grad=True)
         what = f"objective {name!r} ({str(dtype).replace('torch.', '')})"
         if not isinstance(value, Tensor) or value.dim() != 0 or value.dtype != dtype:
             got = f"{value.dtype} of shape {tuple(value.shape)}" if isinstance(value, Tensor) else type(value).__name__
@@ -133,12 +107,12 @@ def check_objective_value(
         oracle = OBJECTIVE_ORACLES[oracle]
     data = make_oracle_data(spec, n_outputs=2)
     problem = objective_problem(name, data, objective_options, seed=3)
-    loss = _prepare(name, problem)
+    loss = prepare_loss(name, problem)
     errors, values = [], []
-    for lengthscale, outputscale, noise, mean in _POINTS:
+    for lengthscale, outputscale, noise, mean in LOSS_POINTS:
         set_hyperparameters(problem, lengthscale, outputscale)
         with torch.no_grad():
-            value, noise_t, mean_t = _evaluate(loss, problem, noise, mean)
+            value, noise_t, mean_t = evaluate_loss(loss, problem, noise, mean)
         # the oracle sees the problem with a generator seeded like prepare's: it may draw the same rows
         expected = float(
             oracle(dataclasses.replace(problem, generator=torch.Generator().manual_seed(3)), noise_t, mean_t)
@@ -165,7 +139,7 @@ def check_objective_gradcheck(
     """``torch.autograd.gradcheck`` in float64 on a small problem: kernel parameters, noise and mean."""
     data = make_oracle_data(gradcheck_spec, n_outputs=2)
     problem = objective_problem(name, data, objective_options)
-    loss = _prepare(name, problem)
+    loss = prepare_loss(name, problem)
     kernel = problem.kernel
     names = [n for n, p in kernel.named_parameters() if p.requires_grad]
 
@@ -209,7 +183,7 @@ def check_objective_seed(
             np.random.seed(global_seed)
             problem = objective_problem(name, data, objective_options, seed=11)
             with torch.no_grad():
-                values.append(_evaluate(_prepare(name, problem), problem, *_POINTS[0][2:])[0])
+                values.append(evaluate_loss(prepare_loss(name, problem), problem, *LOSS_POINTS[0][2:])[0])
     if not reproduces(values[1], values[0]):
         raise AssertionError(
             f"objective {name!r}: two runs with the same problem.generator seed gave {float(values[0])!r} and "
@@ -263,51 +237,6 @@ def check_objective_invalid_options(
     return {"cases": len(invalid_options)}
 
 
-def check_objective_memory(
-    name: str,
-    *,
-    objective_options: Mapping[str, Any] | None = None,
-    memory_options: Mapping[str, Any] | None = None,
-    memory_spec: OracleSpec = MEMORY_SPEC,
-    **_: Any,
-) -> dict[str, Any]:
-    """Under ``kgp.settings.max_exact_size`` = :data:`MEMORY_EXACT_SIZE` (far below n) and ``memory_budget`` =
-    :data:`MEMORY_BUDGET`: no n x n tensor, and none larger than ``max(budget, max_exact_size^2, M^2,
-    n x max(d, k))`` entries, in ``prepare``, ``loss`` and its backward pass.
-
-    Dense blocks up to ``max_exact_size`` square are what that setting allows (an exact likelihood on a
-    subset of rows); an ``n x M`` block must be streamed. An objective that needs more may refuse with a
-    ValueError naming ``max_exact_size`` (give ``memory_options`` that make it fit, e.g. a subset).
-    """
-    data = make_oracle_data(memory_spec)
-    n, m, d = memory_spec.n, memory_spec.n_centers, memory_spec.d
-    options = {**dict(objective_options or {}), **dict(memory_options or {})}
-    with settings.max_exact_size(MEMORY_EXACT_SIZE), settings.memory_budget(MEMORY_BUDGET):
-        problem = objective_problem(name, data, options)
-        with LargestTensor() as probe:
-            try:
-                value, _, _ = _evaluate(_prepare(name, problem), problem, *_POINTS[0][2:], grad=True)
-                value.backward()
-            except ValueError as exc:
-                if "max_exact_size" not in str(exc):
-                    raise AssertionError(f"objective {name!r}: failed at n={n} under a memory budget: {exc}") from exc
-                return {"refused": str(exc)}
-    itemsize = problem.X.element_size()
-    bound = max(MEMORY_BUDGET // itemsize, MEMORY_EXACT_SIZE**2, m * m, n * max(d, problem.n_outputs))
-    if probe.largest >= n * n:
-        raise AssertionError(
-            f"objective {name!r}: formed a {probe.shape} tensor ({probe.op}) at n={n} > max_exact_size="
-            f"{MEMORY_EXACT_SIZE}: never n x n; refuse with a ValueError naming kgp.settings.max_exact_size"
-        )
-    if probe.largest > bound:
-        raise AssertionError(
-            f"objective {name!r}: formed a {probe.shape} tensor ({probe.op}), {probe.largest} entries, above "
-            f"max(memory_budget={MEMORY_BUDGET} bytes, max_exact_size^2, M^2, n x max(d, k)) = {bound} at n={n}, "
-            f"M={m}: stream n x M products over row blocks under kgp.settings.memory_budget"
-        )
-    return {"largest": probe.largest, "shape": probe.shape, "bound": bound}
-
-
 def check_objective_device(
     name: str,
     *,
@@ -323,7 +252,7 @@ def check_objective_device(
         device = "cuda"
     device = torch.device(device)
     problem = objective_problem(name, make_oracle_data(spec), objective_options, device=device)
-    value, _, _ = _evaluate(_prepare(name, problem), problem, *_POINTS[0][2:], grad=True)
+    value, _, _ = evaluate_loss(prepare_loss(name, problem), problem, *LOSS_POINTS[0][2:], grad=True)
     if value.device.type != device.type or not bool(torch.isfinite(value)):
         raise AssertionError(f"objective {name!r}: on {device} the loss is {value} on {value.device}")
     value.backward()

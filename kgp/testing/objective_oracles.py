@@ -1,4 +1,5 @@
-"""Dense float64 oracles of what an objective computes, and the problem the objective checks prepare.
+"""Dense float64 oracles of what an objective computes; the problem the objective checks prepare and how
+they evaluate its loss.
 
 An oracle is a function ``oracle(problem, noise, mean) -> float``: the value the objective's
 ``loss(noise, mean)`` must return on the :class:`kgp.learning.LearningProblem` ``problem``, at the
@@ -26,13 +27,16 @@ from torch import Tensor
 from ..learning import LearningProblem
 from ..plugin import Centers
 from .oracles import OracleData, dense_kernel
-from .support import capabilities_of, options_for
+from .support import capabilities_of, options_for, plugin_info
 
 __all__ = [
+    "LOSS_POINTS",
     "OBJECTIVE_ORACLES",
     "ObjectiveOracle",
+    "evaluate_loss",
     "exact_nll",
     "objective_problem",
+    "prepare_loss",
     "set_hyperparameters",
     "sgpr_bound",
 ]
@@ -116,3 +120,27 @@ def set_hyperparameters(problem: LearningProblem, lengthscale: float, outputscal
     with torch.no_grad():
         problem.kernel.base_kernel.lengthscale = lengthscale
         problem.kernel.outputscale = outputscale
+
+
+LOSS_POINTS = ((1.0, 1.0, 1e-2, 0.0), (0.6, 2.0, 0.3, 0.4))
+"""``(lengthscale, outputscale, noise, mean)`` at which the checks evaluate a loss."""
+
+
+def evaluate_loss(
+    loss: Callable, problem: LearningProblem, noise: float, mean: float, grad: bool = False
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``loss(noise, mean)`` as the learning loop calls it: a 0-d noise and one mean per output (tensors)."""
+    like = {"dtype": problem.dtype, "device": problem.device}
+    noise_t = torch.tensor(noise, **like, requires_grad=grad)
+    mean_t = torch.full((problem.n_outputs,), mean, **like, requires_grad=grad)
+    return loss(noise_t, mean_t), noise_t, mean_t
+
+
+def prepare_loss(name: str, problem: LearningProblem) -> Callable:
+    """``prepare(problem)`` of the registered objective ``name``; AssertionError unless it returns a callable."""
+    loss = plugin_info("objective", name).obj.prepare(problem)
+    if not callable(loss):
+        raise AssertionError(
+            f"objective {name!r}: prepare(problem) returned {type(loss).__name__}, not loss(noise, mean)"
+        )
+    return loss
