@@ -15,6 +15,9 @@ are global across all plugins: a third party registering a built-in's name is ig
 (the built-in wins), two third parties registering the same name make it unusable, with an error
 naming both origins. A decorated function whose name is none
 of the hooks below (e.g. ``register_solver``) makes kgp skip the plugin, naming the closest hook.
+
+The hooks are historic (pluggy's ``call_historic``): kgp calls each plugin's implementations once,
+when the plugin registers (at discovery, or in :func:`kgp.register`), never again.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ hookspec = pluggy.HookspecMarker("kgp")
 hookimpl = pluggy.HookimplMarker("kgp")
 
 
-@hookspec
+@hookspec(historic=True)
 def register_solvers(register) -> None:
     """Register solvers by name.
 
@@ -61,7 +64,7 @@ def register_solvers(register) -> None:
     """
 
 
-@hookspec
+@hookspec(historic=True)
 def register_selectors(register) -> None:
     """Register center selectors by name.
 
@@ -78,7 +81,7 @@ def register_selectors(register) -> None:
     """
 
 
-@hookspec
+@hookspec(historic=True)
 def register_predictors(register) -> None:
     """Register predictor kinds, so that saved models can be loaded.
 
@@ -89,7 +92,7 @@ def register_predictors(register) -> None:
     """
 
 
-@hookspec
+@hookspec(historic=True)
 def register_objectives(register) -> None:
     """Register hyperparameter objectives by name (what ``KernelRegressor(learn=NAME)`` minimises).
 

@@ -402,3 +402,25 @@ def test_a_plugin_looking_names_up_while_it_is_imported_sees_the_plugins_loaded_
     reg = Registry()
     assert "exact" in reg.names("solver")
     assert during == [["kernel_expansion"]]
+
+
+def test_each_plugins_hooks_run_once_as_it_registers_and_unhashable_plugins_work():
+    """Hooks run through pluggy's historic relay: once per plugin, never again when others register."""
+    calls = []
+
+    @kgp.hookimpl
+    def register_solvers(register):
+        calls.append("a")
+        register("once-solver", ScaledExact())
+
+    plugin = types.SimpleNamespace(register_solvers=register_solvers)  # unhashable: defines __eq__
+    first = kgp.register(plugin, name="once-plugin")
+    second = kgp.register(_plugin("other_plugin", "other-once-solver"))
+    try:
+        assert calls == ["a"]  # registering another plugin did not call this one's hook again
+        assert isinstance(kgp.get_solver("once-solver"), ScaledExact)
+        assert kgp.registry.registry.get("solver", "once-solver").plugin == "once-plugin"
+    finally:
+        kgp.unregister(first)
+        kgp.unregister(second)
+    assert "once-solver" not in kgp.registry.registry.names("solver")

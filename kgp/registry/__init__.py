@@ -3,9 +3,10 @@
 Load order: the core's own hook implementations (the ``kernel_expansion`` predictor), then every
 entry point in the ``kgp`` group, kgp's own first (:mod:`.discovery`, which also reads the
 switches ``KGP_DISABLE_ENTRYPOINTS`` and ``KGP_PLUGINS``). Each plugin is admitted whole or not
-at all (:mod:`.admission`: pluggy's registration and ``check_pending``, hooks called through the
-relay, the plugin contract of :mod:`.contract`); a plugin that fails is skipped and recorded in
-:attr:`Registry.load_failures` with its traceback, and the other plugins stay usable. Which
+at all (:mod:`.admission`: pluggy's registration and ``check_pending``, its historic hooks replayed
+by pluggy's hook relay as it registers, the plugin contract of :mod:`.contract`); a plugin that
+fails is skipped and recorded in :attr:`Registry.load_failures` with its traceback, and the other
+plugins stay usable. Which
 names are usable, which clash and what an unknown name's message says is the name table's job
 (:mod:`.names`: built-ins win against third-party entry points; two third parties registering one
 name make it unusable).
@@ -25,8 +26,7 @@ from types import ModuleType
 
 import pluggy
 
-from .. import hookspecs
-from .admission import admit
+from .admission import HookRelay
 from .discovery import Skipped, load_entry_points
 from .names import NameTable
 from .records import (
@@ -65,7 +65,7 @@ __all__ = [
 class _Loaded:
     """Everything the registry knows after discovery (mutated only under the registry's lock)."""
 
-    pm: pluggy.PluginManager
+    relay: HookRelay = field(default_factory=HookRelay)
     dists: dict[str, tuple[str | None, str | None]] = field(default_factory=dict)
     provided: dict[str, list[PluginInfo]] = field(default_factory=dict)  # plugin name -> its registrations
     failures: list[LoadFailure] = field(default_factory=list)
@@ -77,8 +77,12 @@ class _Loaded:
             self.table = NameTable(self.provided, self.failures, self.skipped)
         return self.table
 
+    @property
+    def pm(self) -> pluggy.PluginManager:
+        return self.relay.pm
+
     def add(self, plugin: object, name: str, dist: str | None, version: str | None) -> None:
-        self.provided[name] = admit(self.pm, plugin, name, dist, version)
+        self.provided[name] = self.relay.admit(plugin, name, dist, version)
         self.dists[name] = (dist, version)
         self.table = None
 
@@ -114,8 +118,7 @@ class Registry:
                 return self._loaded
             if self._building is not None:  # re-entered from a plugin's import, in the loading thread
                 return self._building
-            state = _Loaded(pluggy.PluginManager("kgp"))
-            state.pm.add_hookspecs(hookspecs)
+            state = _Loaded()
             self._building = state
             try:
                 self._discover(state)

@@ -14,8 +14,8 @@ Environment variables (read when the registry loads; ``Registry.reload()`` re-re
 
 Why not pluggy's ``PluginManager.load_setuptools_entrypoints``: the registry registers every
 plugin with pluggy's own ``register`` (signature validation), finds misspelt hooks with
-``check_pending`` and calls hooks through the hook relay (:mod:`.admission`), but it reads the
-entry points itself, because pluggy's loader cannot keep three documented behaviours:
+``check_pending`` and runs hooks through pluggy's hook relay (historic hooks, :mod:`.admission`),
+but it reads the entry points itself, because pluggy's loader cannot keep three documented behaviours:
 
 - it stops at the first entry point whose import raises, so one broken distribution would leave
   every later plugin unloaded; here each failure is a :class:`~kgp.registry.LoadFailure` and the
