@@ -290,9 +290,15 @@ def resolve_options(
     merged = merge_options(owner, plugin.option_defaults, given)
     check = getattr(plugin, "check_options", None)  # an optional method, not a capability flag
     if check is not None:
+        declared = set(merged)
         merged = check(merged)
         if not isinstance(merged, dict):
             raise TypeError(f"{owner}: check_options must return the options dict, got {type(merged).__name__}")
+        if set(merged) != declared:
+            changed = sorted(set(merged) ^ declared)
+            raise TypeError(
+                f"{owner}: check_options must return every declared option and no other; it changed {changed}"
+            )
     return ResolvedOptions(owner, merged)
 
 

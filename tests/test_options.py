@@ -194,3 +194,18 @@ def test_merge_options_is_no_longer_part_of_the_plugin_api():
     # (kgp.merge_options and kgp.plugin.merge_options stay importable only for the transition: the
     # built-in objectives and kgp/models call them until their branches land)
     assert "merge_options" not in kgp.__all__ and "merge_options" not in plugin.__all__
+
+
+def test_check_options_must_return_the_declared_options():
+    class Drops:
+        option_defaults = {"a": Option.integer(1, help="a"), "b": Option.integer(2, help="b")}
+
+        def check_options(self, options):
+            return {"a": options["a"], "c": 3}
+
+    with pytest.raises(
+        TypeError,
+        match=r"solver 'drops': check_options must return every declared option and no "
+        r"other; it changed \['b', 'c'\]",
+    ):
+        kgp.resolve_options("solver 'drops'", Drops())
