@@ -31,8 +31,7 @@ from torch import Tensor
 from .capabilities import Capabilities
 from .monitor import Monitor
 from .operators import KernelOperator, kernel_operator
-from .options import Option, ResolvedOptions, resolve_options
-from .options import merge_options as _parse_options
+from .options import Option
 from .predictors import KernelExpansion
 
 if TYPE_CHECKING:
@@ -300,20 +299,3 @@ def default_n_centers(n: int) -> int:
     import math
 
     return int(min(n, max(100, math.ceil(5 * math.sqrt(n)))))
-
-
-def merge_options(owner: str, defaults: Mapping[str, Any], given: Mapping[str, Any] | None) -> Mapping[str, Any]:
-    """Transitional, no part of the plugin API (not in ``__all__``, not in ``kgp``): the options merge that
-    kgp/models/base.py imports from here until the fit plan resolves options with :func:`kgp.resolve_options`.
-
-    It resolves them as that will: for the registered plugin that ``owner`` names (``"solver 'falkon'"``)
-    and whose ``option_defaults`` are ``defaults``, :func:`kgp.resolve_options` (its ``check_options``
-    included), so that plugins can rely on resolved options already. Delete it when kgp/models calls
-    ``resolve_options``.
-    """
-    from .registry import registry  # the registry loads plugins, which import this module
-
-    for info in registry.infos():
-        if f"{info.kind} {info.name!r}" == owner and getattr(info.obj, "option_defaults", None) is defaults:
-            return resolve_options(owner, info.obj, given)
-    return ResolvedOptions(owner, _parse_options(owner, defaults, given))
