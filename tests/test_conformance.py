@@ -369,7 +369,11 @@ class NystromPreconditionedCG:
 
 
 def test_a_solver_using_centers_as_a_preconditioner_passes_against_the_exact_posterior(runtime_plugin):
-    """Issue 24: the kit chose the Nystrom oracle from uses_centers alone and failed this solver (0.15)."""
+    """Issue 24: the kit chose the Nystrom oracle from uses_centers alone and failed this solver (0.15).
+
+    Measured: 8.4e-11 against the exact posterior mean in 77 iterations (float32 2.7e-6), 0.152 against
+    the Nystrom estimator on its centers.
+    """
     runtime_plugin("pcg-plugin", solvers={"pcg-exact": NystromPreconditionedCG()})
     results = check_solver("pcg-exact", rtol=1e-8, rtol_float32=1e-3, iterative=True, invalid_options=({"maxiter": 0},))
     assert results["oracle"]["target"] == "exact" and results["oracle"]["rel_error"] < 1e-8
