@@ -88,7 +88,7 @@ def select(name: str, X, m: int, kernel, noise: float, seed: int):
         kernel=kernel,
         noise=noise,
         generator=torch.Generator().manual_seed(seed),
-        options=kgp.merge_options(name, selector.option_defaults, opts),
+        options=kgp.resolve_options(f"selector {name!r}", selector, opts),
     )
     t0 = time.perf_counter()
     centers = selector.select(req)
@@ -105,7 +105,7 @@ def fit_predict(X, y, Xt, centers, kernel, noise: float, use_falkon: bool, maxit
             kernel=kernel,
             noise=noise,
             centers=centers,
-            options=kgp.merge_options("falkon", solver.option_defaults, {"maxiter": maxiter}),
+            options=kgp.resolve_options("solver 'falkon'", solver, maxiter=maxiter),
         )
         pred = solver.fit(problem).predict(Xt)[:, 0]
     else:  # dense Nystrom: (K_nM^T K_nM + noise K_MM) alpha = K_nM^T y, streamed through the backend

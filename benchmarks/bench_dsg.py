@@ -36,7 +36,8 @@ import torch  # noqa: E402
 
 import kgp  # noqa: E402
 from kgp.monitor import Monitor  # noqa: E402
-from kgp.plugin import Problem, merge_options  # noqa: E402
+from kgp.options import resolve_options  # noqa: E402
+from kgp.plugin import Problem  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
@@ -85,7 +86,7 @@ def run_dsg(X, y, Xt, yt, kernel, noise, options):
         y=y[:, None],
         kernel=kernel,
         noise=noise,
-        options=merge_options("dsg", solver.option_defaults, options),
+        options=resolve_options("solver 'dsg'", solver, options),
         generator=torch.Generator().manual_seed(1),
         monitor=monitor,
     )

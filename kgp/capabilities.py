@@ -16,6 +16,7 @@ The ``target`` of a solver says which posterior its fit approximates, which deci
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -75,7 +76,25 @@ class Capabilities:
             raise TypeError(
                 f"Capabilities.distributed_refusal: expected a str or None, got {self.distributed_refusal!r}"
             )
+        if self.distributed and self.distributed_refusal is not None:
+            raise ValueError(
+                "Capabilities.distributed_refusal: says why a plugin is not distributed, but distributed=True; "
+                "drop one of them"
+            )
         if not isinstance(self.loop_defaults, Mapping):
             raise TypeError(f"Capabilities.loop_defaults: expected a dict, got {type(self.loop_defaults).__name__}")
+        if not all(isinstance(key, str) for key in self.loop_defaults):
+            raise TypeError(
+                f"Capabilities.loop_defaults: expected option names (str) as keys, got {self.loop_defaults}"
+            )
         # frozen means frozen: a shared default dict could otherwise be changed through one plugin
         object.__setattr__(self, "loop_defaults", MappingProxyType(dict(self.loop_defaults)))
+
+    def __reduce__(self):
+        # a mappingproxy does not pickle: rebuild from a plain dict (a model holding its solver pickles)
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return (_rebuild, (fields | {"loop_defaults": dict(self.loop_defaults)},))
+
+
+def _rebuild(fields: dict[str, Any]) -> Capabilities:
+    return Capabilities(**fields)

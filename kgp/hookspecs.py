@@ -7,12 +7,17 @@ known to kgp through an entry point in the ``kgp`` group::
     [project.entry-points.kgp]
     my-solver = "my_package.plugin"
 
-kgp's own solvers and selectors register through exactly these hooks (they live in the
+kgp's own solvers, selectors and objectives register through exactly these hooks (they live in the
 ``kgp_builtins`` package, outside the core). Each hook receives a ``register`` callback; call it
-once per thing you provide. Names are global across all plugins: a third party registering a
-built-in's name is ignored for that name (the built-in wins), two third parties registering the same
-name make it unusable, with an error naming both origins. A decorated function whose name is none
+once per thing you provide; every solver, selector and objective declares its
+:class:`kgp.Capabilities` and its options (:class:`kgp.Option`), checked when it registers. Names
+are global across all plugins: a third party registering a built-in's name is ignored for that name
+(the built-in wins), two third parties registering the same name make it unusable, with an error
+naming both origins. A decorated function whose name is none
 of the hooks below (e.g. ``register_solver``) makes kgp skip the plugin, naming the closest hook.
+
+The hooks are historic (pluggy's ``call_historic``): kgp calls each plugin's implementations once,
+when the plugin registers (at discovery, or in :func:`kgp.register`), never again.
 """
 
 from __future__ import annotations
@@ -23,19 +28,28 @@ hookspec = pluggy.HookspecMarker("kgp")
 hookimpl = pluggy.HookimplMarker("kgp")
 
 
-@hookspec
+@hookspec(historic=True)
 def register_solvers(register) -> None:
     """Register solvers by name.
 
     Call ``register(name, solver)`` for each solver. ``solver`` must satisfy
-    :class:`kgp.plugin.Solver`:
+    :class:`kgp.plugin.Solver` (the registry checks it when the plugin registers and refuses the
+    whole plugin otherwise, naming what is wrong):
 
-    - ``option_defaults``: mapping of every option the solver accepts to its default, or to a
-      :class:`kgp.Option` declaring the default, the accepted values and one line of help (the
-      model rejects unknown option names and, for declared options, invalid values before
-      fitting, with one message format; ``kgp plugins --options NAME`` prints them);
-    - ``uses_centers``: whether ``fit`` needs ``problem.centers`` (the model selects them
-      with a center selector when True, and refuses explicit centers when False);
+    - ``capabilities = kgp.Capabilities(...)``: ``uses_centers`` (``fit`` needs ``problem.centers``;
+      the model selects them with a center selector, and refuses explicit centers when no plugin of
+      the fit uses them), ``target`` (the posterior ``fit`` approximates: ``"exact"`` the GP
+      posterior mean, ``"nystrom"`` the Nystrom estimator on the centers, ``"mean_only"`` the exact
+      mean in a form without a variance; it decides ``predict(return_std=True)`` and the conformance
+      kit's oracle), ``needs_grad`` (else ``fit`` / ``partial_fit`` run under ``torch.no_grad()``),
+      ``distributed`` (accepts a row-sharded ``problem.shard``; else ``distributed_refusal`` says
+      why, quoted when ``fit(..., distributed=True)`` refuses it) and ``partial_fit``;
+    - ``option_defaults``: every option the solver accepts, each a :class:`kgp.Option` declaring the
+      default, the accepted values and one line of help (``kgp plugins --options NAME`` prints
+      them); optionally ``check_options(options) -> options`` for rules between options. kgp
+      resolves the user's options once, before any work (:func:`kgp.resolve_options`: unknown names
+      and invalid values rejected with one message format), and ``fit`` reads ``problem.options``
+      without validating them again;
     - ``fit(problem) -> Predictor``: solve the regularised least-squares problem described by
       :class:`kgp.plugin.Problem` (regularisation convention: GP noise variance sigma^2 =
       ``problem.noise``; the per-sample lambda of FALKON/BLESS is ``problem.lam = noise / n``).
@@ -43,34 +57,31 @@ def register_solvers(register) -> None:
       ``problem.monitor.step(...)`` once per iteration and stop when it returns True (the model
       owns the monitor and closes it).
       Use ``problem.generator`` for all randomness, ``problem.kernel_operator(...)`` for every
-      kernel product, and keep the dtype/device of ``problem.X``;
-    - optionally ``partial_fit(problem, previous) -> Predictor`` to continue from a previous
-      predictor on a new chunk of data (streaming); ``previous`` is None on the first chunk;
-    - optionally ``needs_grad = True``: the model runs ``fit`` / ``partial_fit`` under
-      ``torch.no_grad()`` otherwise;
-    - optionally ``supports_distributed = True``: the solver accepts a row-sharded problem
-      (``problem.shard``, :mod:`kgp.distributed`); ``fit(..., distributed=True)`` refuses others.
+      kernel product (never n x n), and keep the dtype/device of ``problem.X``;
+    - with ``Capabilities(partial_fit=True)`` (and only then) ``partial_fit(problem, previous) ->
+      Predictor`` to continue from a previous predictor on a new chunk of data (streaming);
+      ``previous`` is None on the first chunk.
     """
 
 
-@hookspec
+@hookspec(historic=True)
 def register_selectors(register) -> None:
     """Register center selectors by name.
 
     Call ``register(name, selector)`` for each selector. ``selector`` must satisfy
-    :class:`kgp.plugin.CenterSelector`: ``option_defaults`` and
-    ``select(request) -> Centers``, where :class:`kgp.plugin.SelectionRequest` carries the
-    training inputs, the requested number of centers (None: the selector decides), the kernel,
-    the noise / lambda, a seeded ``torch.Generator`` and the options. The returned
-    :class:`kgp.plugin.Centers` holds the points, optional weights (the diagonal of FALKON's D
-    matrix, Appendix A: weighted Nystrom), optional indices into the training set and a dict of
-    diagnostics (e.g. estimated leverage scores). ``select`` runs under ``torch.no_grad()``
-    unless the selector sets ``needs_grad = True``. A selector with ``supports_distributed = True``
-    accepts a row-sharded request (``request.shard``) and returns the same centers on every rank.
+    :class:`kgp.plugin.CenterSelector`: ``capabilities = kgp.Capabilities(...)`` (``needs_grad``:
+    else ``select`` runs under ``torch.no_grad()``; ``distributed``: it accepts a row-sharded
+    request, ``request.shard``, and returns the same centers on every rank), ``option_defaults``
+    (each a :class:`kgp.Option`; optionally ``check_options``) and ``select(request) -> Centers``,
+    where :class:`kgp.plugin.SelectionRequest` carries the training inputs, the requested number of
+    centers (None: the selector decides), the kernel, the noise / lambda, a seeded
+    ``torch.Generator`` and the resolved options. The returned :class:`kgp.plugin.Centers` holds
+    the points, optional weights (the diagonal of FALKON's D matrix, Appendix A: weighted Nystrom),
+    optional indices into the training set and a dict of diagnostics (e.g. estimated leverage scores).
     """
 
 
-@hookspec
+@hookspec(historic=True)
 def register_predictors(register) -> None:
     """Register predictor kinds, so that saved models can be loaded.
 
@@ -81,22 +92,24 @@ def register_predictors(register) -> None:
     """
 
 
-@hookspec
+@hookspec(historic=True)
 def register_objectives(register) -> None:
     """Register hyperparameter objectives by name (what ``KernelRegressor(learn=NAME)`` minimises).
 
-    Call ``register(name, objective)`` for each objective. ``objective`` must provide:
+    Call ``register(name, objective)`` for each objective. ``objective`` must satisfy
+    :class:`kgp.plugin.Objective`:
 
-    - ``option_defaults``: mapping of every option it accepts to a default or a :class:`kgp.Option`
-      (the user passes them in ``learn_options`` next to the loop's own options; unknown names are
-      rejected before any work);
-    - ``uses_centers``: whether it needs ``problem.centers`` (the model selects them with the
-      center selector, or takes the explicit ``centers``);
-    - optionally ``loop_defaults``: the loop's defaults that suit it, e.g.
-      ``{"optimizer": "lbfgs", "iterations": 50}`` (validated; ``learn_options`` override them);
+    - ``capabilities = kgp.Capabilities(...)``: ``uses_centers`` (it needs ``problem.centers``; the
+      model selects them with the center selector, or takes the explicit ``centers``),
+      ``distributed`` (it accepts ``problem.shard``) and ``loop_defaults``, the loop's defaults that
+      suit it, e.g. ``{"optimizer": "lbfgs", "iterations": 50}`` (validated; ``learn_options``
+      override them);
+    - ``option_defaults``: every option it accepts, each a :class:`kgp.Option` (the user passes them
+      in ``learn_options`` next to the loop's own options; unknown names are rejected before any
+      work); ``problem.options`` holds them resolved;
     - ``prepare(problem) -> loss``: called once per learning run with a
       :class:`kgp.learning.LearningProblem` (training data, a kernel whose GPyTorch parameters
-      are being trained, optional centers with weights, a seeded generator, the merged options).
+      are being trained, optional centers with weights, a seeded generator, the resolved options).
       Draw anything random (e.g. a subset of rows) here, from ``problem.generator``. It returns a
       function ``loss(noise, mean) -> Tensor``: ``noise`` is the current noise variance sigma^2
       (a 0-d tensor), ``mean`` the current constant mean (one value per output); ``loss`` returns a
@@ -106,6 +119,9 @@ def register_objectives(register) -> None:
       (torch.optim over the kernel's raw parameters, the raw noise and the mean), adds the kernel's
       GPyTorch priors, and stops with an error on a NaN or infinite value.
 
-    Every kernel product should go through ``problem.kernel_operator`` (or :func:`kgp.kernel_operator`
-    on row blocks), never n x n, and n x M only within ``kgp.settings.memory_budget``.
+    Every kernel product goes through ``problem.kernel_operator`` (or :func:`kgp.kernel_operator`
+    on row blocks), never n x n (an objective that needs the dense matrix refuses n above
+    ``kgp.settings.max_exact_size.value()``), and n x M only within
+    ``kgp.settings.memory_budget.value()`` bytes. The conformance kit
+    (:class:`kgp.testing.ObjectiveConformance`) checks all of this.
     """

@@ -1,9 +1,8 @@
 """Declared plugin options: a default, what values are accepted, and one line of help.
 
-A plugin's ``option_defaults`` maps each option name either to a plain default (third-party
-plugins that validate by hand keep working) or to an :class:`Option`, which
-:func:`kgp.merge_options` uses to validate and normalise the user's value with one message
-format for every plugin::
+A plugin's ``option_defaults`` maps each option name to an :class:`Option` (the registry refuses
+plain values), which :func:`resolve_options` uses to validate and normalise the user's value with
+one message format for every plugin::
 
     from kgp.options import Option
 
@@ -12,6 +11,13 @@ format for every plugin::
         "tol": Option.number(1e-7, minimum=0.0, help="stop at this relative residual"),
         "factorization": Option.choice("auto", ("auto", "cholesky", "eigh"), help="how K_MM is factored"),
     }
+
+Rules between options (``average <= epochs``) are the plugin's optional method
+``check_options(options) -> options``, which :func:`resolve_options` runs right after the options
+are parsed. Options are resolved once, before any work: the plugin's ``fit`` / ``select`` /
+``prepare`` reads ``problem.options`` (a :class:`ResolvedOptions`) and never validates again; a test
+calling a plugin directly builds them the same way, e.g.
+``kgp.resolve_options("solver 'falkon'", kgp.get_solver("falkon"), maxiter=5)``.
 
 ``kgp plugins --options NAME`` prints the declarations. In the spirit of scikit-learn's
 ``_parameter_constraints``: the declaration is data, so help, errors and checks cannot drift apart.
@@ -164,6 +170,9 @@ def option_default(declaration: Any) -> Any:
 def merge_options(owner: str, defaults: Mapping[str, Any], given: Mapping[str, Any] | None) -> dict[str, Any]:
     """Merge user options into a plugin's ``option_defaults``, validating declared ones.
 
+    The parsing step of :func:`resolve_options` (which adds the plugin's ``check_options``); the
+    learning loop also uses it for its own options. Plugins call neither.
+
     Parameters
     ----------
     owner:
@@ -245,7 +254,9 @@ class ResolvedOptions(Mapping[str, Any]):
         return (ResolvedOptions, (self._owner, self._values))
 
 
-def resolve_options(owner: str, plugin: Any, given: Mapping[str, Any] | None) -> ResolvedOptions:
+def resolve_options(
+    owner: str, plugin: Any, given: Mapping[str, Any] | None = None, /, **options: Any
+) -> ResolvedOptions:
     """Validate ``given`` against ``plugin.option_defaults`` once, cross-option rules included.
 
     Every option is parsed by its :class:`Option` (unknown names and bad values raise, naming the
@@ -260,15 +271,34 @@ def resolve_options(owner: str, plugin: Any, given: Mapping[str, Any] | None) ->
         The plugin object (its ``option_defaults`` and optional ``check_options``).
     given:
         The user's options, or None.
+    **options:
+        More options, taking precedence over ``given``: ``resolve_options(owner, plugin, maxiter=5)``
+        is the short form for a test calling a plugin directly.
+
+    Returns
+    -------
+    ResolvedOptions
+        Every declared option with its value (``given`` itself when it is already the resolved
+        options of the same ``owner`` and nothing is added).
     """
-    if isinstance(given, ResolvedOptions):
+    if isinstance(given, ResolvedOptions) and given.owner == owner and not options:
         return given  # already validated: a plan's options handed on
+    if options:
+        if given is not None and not isinstance(given, Mapping):
+            raise TypeError(f"options for {owner}: expected a dict, got {type(given).__name__}")
+        given = {**(given or {}), **options}
     merged = merge_options(owner, plugin.option_defaults, given)
     check = getattr(plugin, "check_options", None)  # an optional method, not a capability flag
     if check is not None:
+        declared = set(merged)
         merged = check(merged)
         if not isinstance(merged, dict):
             raise TypeError(f"{owner}: check_options must return the options dict, got {type(merged).__name__}")
+        if set(merged) != declared:
+            changed = sorted(set(merged) ^ declared)
+            raise TypeError(
+                f"{owner}: check_options must return every declared option and no other; it changed {changed}"
+            )
     return ResolvedOptions(owner, merged)
 
 

@@ -1,9 +1,12 @@
-"""The contract between kgp and its solver / center-selector plugins.
+"""The contract between kgp and its solver, center-selector and objective plugins.
 
 Everything a plugin author needs is importable from here (and re-exported by ``kgp``):
 :class:`Problem` (what a solver receives), :class:`Solver`, :class:`SelectionRequest`,
-:class:`Centers`, :class:`CenterSelector`, :class:`Predictor` and the core predictor
-:class:`~kgp.predictors.KernelExpansion`.
+:class:`Centers`, :class:`CenterSelector`, :class:`Objective`, :class:`Predictor`, the core
+predictor :class:`~kgp.predictors.KernelExpansion`, and what every plugin declares:
+:class:`~kgp.capabilities.Capabilities` (what it can do) and :class:`~kgp.options.Option`
+(its options). The registry checks the declarations when a plugin registers
+(:mod:`kgp.registry.contract`).
 
 Regularisation convention (one for all plugins)
 -----------------------------------------------
@@ -17,7 +20,7 @@ sigma^2``. With centers Z the Nystrom solution is
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
@@ -25,25 +28,28 @@ import gpytorch
 import torch
 from torch import Tensor
 
+from .capabilities import Capabilities
 from .monitor import Monitor
 from .operators import KernelOperator, kernel_operator
-from .options import Option, merge_options
+from .options import Option
 from .predictors import KernelExpansion
 
 if TYPE_CHECKING:
     from .distributed import Shard
+    from .learning import LearningProblem
 
 __all__ = [
+    "Capabilities",
     "Centers",
     "CenterSelector",
     "KernelExpansion",
+    "Objective",
     "Option",
     "Predictor",
     "Problem",
     "SelectionRequest",
     "Solver",
     "default_n_centers",
-    "merge_options",
 ]
 
 
@@ -142,8 +148,10 @@ class Problem(RowData):
         Nystrom, None meaning D = I; ``indices``: optional positions in ``X``), or None for solvers
         with ``uses_centers=False``. A bare ``M x d`` tensor is accepted and wrapped.
     options:
-        Solver options, already merged with the solver's ``option_defaults``: unknown names
-        rejected, declared options (:class:`kgp.Option`) validated and normalised.
+        Solver options, resolved once by the core (:func:`kgp.resolve_options`): every declared
+        option with its validated, normalised value, the solver's ``check_options`` applied. A
+        solver reads them and never validates again; a test calling ``fit`` directly passes
+        ``kgp.resolve_options("solver 'name'", solver, maxiter=5)``.
     generator:
         Seeded ``torch.Generator`` (on the CPU) for every random draw of the solver.
     monitor:
@@ -154,7 +162,7 @@ class Problem(RowData):
         rank's rows only and ``shard`` says where they sit (``n_total``, ``offset``, the collectives);
         ``n`` and ``lam`` then refer to the global problem, ``n_local`` to this rank's rows, and
         ``kernel_operator(X, Z)`` sums its transposed products over all ranks. Only solvers that
-        declare ``supports_distributed = True`` receive a sharded problem.
+        declare ``Capabilities(distributed=True)`` receive a sharded problem.
     """
 
     X: Tensor
@@ -194,17 +202,16 @@ class Problem(RowData):
 class Solver(Protocol):
     """What ``register(name, solver)`` in :func:`kgp.hookspecs.register_solvers` expects.
 
-    ``needs_grad`` (optional, default False): the model runs ``fit`` under ``torch.no_grad()``
-    unless it is True, so that an iterative solver does not build an autograd graph across its
-    iterations by accident.
-
-    ``supports_distributed`` (optional, default False): True if ``fit`` handles a row-sharded
-    problem (``problem.shard`` set, :mod:`kgp.distributed`); a distributed fit refuses other solvers.
-    ``distributed_refusal`` (optional str): why not, and what to use instead, quoted in that refusal.
+    ``capabilities`` says what it can do (:class:`kgp.Capabilities`): whether ``fit`` needs centers
+    (``uses_centers``), which posterior it approximates (``target``), whether it runs without
+    ``torch.no_grad()`` (``needs_grad``), accepts a row-sharded problem (``distributed``, else
+    ``distributed_refusal``) and implements ``partial_fit(problem, previous)`` (``partial_fit``).
+    ``option_defaults`` maps every option to a :class:`kgp.Option`; the optional
+    ``check_options(options) -> options`` holds the rules between options.
     """
 
-    option_defaults: Mapping[str, Any]
-    uses_centers: bool
+    capabilities: Capabilities
+    option_defaults: Mapping[str, Option]
 
     def fit(self, problem: Problem) -> Predictor: ...
 
@@ -224,11 +231,11 @@ class SelectionRequest:
     generator:
         Seeded ``torch.Generator`` (CPU).
     options:
-        Selector options merged with its ``option_defaults``.
+        Selector options resolved once by the core (:func:`kgp.resolve_options`).
     shard:
         None, or in a distributed fit where this rank's rows sit (as :attr:`Problem.shard`): ``n``
-        is then the global number of rows, and only selectors with ``supports_distributed = True``
-        are asked. Every rank must return the same centers.
+        is then the global number of rows, and only selectors declaring
+        ``Capabilities(distributed=True)`` are asked. Every rank must return the same centers.
     """
 
     X: Tensor
@@ -258,14 +265,29 @@ class SelectionRequest:
 class CenterSelector(Protocol):
     """What ``register(name, selector)`` in :func:`kgp.hookspecs.register_selectors` expects.
 
-    ``needs_grad`` (optional, default False): as for :class:`Solver`, ``select`` runs under
-    ``torch.no_grad()`` unless it is True. ``supports_distributed`` (optional, default False): as for
-    :class:`Solver`, for row-sharded requests (``request.shard``).
+    ``capabilities``: as for :class:`Solver`; a selector uses ``needs_grad`` (``select`` runs under
+    ``torch.no_grad()`` unless it is True) and ``distributed`` (row-sharded requests, ``request.shard``).
     """
 
-    option_defaults: Mapping[str, Any]
+    capabilities: Capabilities
+    option_defaults: Mapping[str, Option]
 
     def select(self, request: SelectionRequest) -> Centers: ...
+
+
+class Objective(Protocol):
+    """What ``register(name, objective)`` in :func:`kgp.hookspecs.register_objectives` expects.
+
+    ``capabilities``: ``uses_centers`` (``problem.centers`` holds the model's centers),
+    ``distributed`` (``problem.shard`` in a distributed fit) and ``loop_defaults`` (the learning
+    loop's defaults that suit it). ``prepare`` returns ``loss(noise, mean) -> 0-d tensor``, the value
+    to minimise per data point, differentiable in the kernel's parameters, ``noise`` and ``mean``.
+    """
+
+    capabilities: Capabilities
+    option_defaults: Mapping[str, Option]
+
+    def prepare(self, problem: LearningProblem) -> Callable[[Tensor, Tensor], Tensor]: ...
 
 
 def default_n_centers(n: int) -> int:

@@ -188,7 +188,7 @@ def test_selector_plugin_output_and_reproducibility(name):
     assert name in kgp.registry.registry.names("selector")
     selector = kgp.get_selector(name)
     X = _clustered(800, 6).to(torch.float32)
-    options = kgp.merge_options(name, selector.option_defaults, {})
+    options = kgp.resolve_options(f"selector {name!r}", selector)
 
     def run(seed, n_centers=None):
         req = SelectionRequest(
@@ -292,7 +292,8 @@ def test_bad_inputs_raise():
 
 @pytest.mark.parametrize("name", ["bless", "bless-r"])
 def test_selector_options_are_the_functions_keyword_defaults(name):
-    # one source of truth: the selector declares the function's keyword arguments with its defaults
+    # the selector declares the function's keyword arguments with the function's defaults (plain
+    # Option tables in options.py; this keeps them from drifting apart)
     import inspect
 
     fn = ALGOS[name]
@@ -322,20 +323,23 @@ def test_selector_options_are_checked_in_kgps_format(name, options, message):
     X = _clustered(60, 0)
     with pytest.raises(InvalidOptionError, match=f"selector '{name}' {message}"):
         kgp.KernelRegressor(solver="falkon", centers=name, selector_options=options).fit(X, X[:, 0])
-    # a direct select() with unmerged options checks them the same way
-    req = SelectionRequest(
-        X=X, n_centers=None, kernel=_rbf(1.0), noise=1e-2, generator=torch.Generator(), options=options
-    )
+    # resolved for a direct select() the same way
     with pytest.raises(InvalidOptionError, match=f"selector '{name}' {message}"):
-        kgp.get_selector(name).select(req)
+        kgp.resolve_options(f"selector '{name}'", kgp.get_selector(name), options)
 
 
 def test_selector_defaults_stop_early_like_the_function_defaults():
     X = _clustered(600, 7).float()
+    selector = kgp.get_selector("bless")
     req = SelectionRequest(
-        X=X, n_centers=40, kernel=_rbf(1.0, torch.float32), noise=1e-3, generator=torch.Generator().manual_seed(3)
+        X=X,
+        n_centers=40,
+        kernel=_rbf(1.0, torch.float32),
+        noise=1e-3,
+        generator=torch.Generator().manual_seed(3),
+        options=kgp.resolve_options("selector 'bless'", selector),  # the defaults, as the model passes them
     )
-    c = kgp.get_selector("bless").select(req)  # options partial: defaults merged in select()
+    c = selector.select(req)
     res = bless(X, _rbf(1.0, torch.float32), 1e-3 / 600, n_centers=40, generator=3)
     assert torch.equal(c.indices, res.indices) and torch.equal(c.weights, res.weights)
     assert res.lambda_path[-1] > 1e-3 / 600
@@ -502,7 +506,7 @@ def _test_mse(solver: str, centers: str, seed: int, m: int) -> float:
             kernel=_rbf(0.7),
             noise=1e-3,
             generator=torch.Generator().manual_seed(seed),
-            options=kgp.merge_options(centers, sel.option_defaults, {}),
+            options=kgp.resolve_options(f"selector {centers!r}", sel),
         )
         c = sel.select(req)
         alpha = _dense_nystrom(X, y, c.points, _rbf(0.7), 1e-3)

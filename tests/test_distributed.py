@@ -334,13 +334,12 @@ def _gp_task(rank, world, counts, case):
 class _PlainCG:
     """A third-party-style solver: plain CG on the Nystrom system through ``problem.kernel_operator`` only.
 
-    It declares ``supports_distributed`` and does nothing else for it: the operator's transposed
-    products sum over the ranks (docs/plugin-author-guide.md, section 7).
+    It declares ``Capabilities(distributed=True)`` and does nothing else for it: the operator's
+    transposed products sum over the ranks (docs/plugin-author-guide.md, section 8).
     """
 
+    capabilities = kgp.Capabilities(uses_centers=True, target="nystrom", distributed=True)
     option_defaults: dict = {}
-    uses_centers = True
-    supports_distributed = True
 
     def fit(self, problem):
         Z = problem.centers.points

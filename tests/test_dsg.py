@@ -202,9 +202,9 @@ def test_solver_matches_numpy_algorithm_1(theta_nu):
         gamma_max=1.0, seed=11, update="gradient",
     )  # fmt: skip
     for mode in ("cache", "recompute"):
-        problem = kgp.Problem(X=X, y=y, kernel=kernel, noise=1.0, options={**opts, "train_predictions": mode})
-        problem.options = kgp.merge_options("dsg", kgp.get_solver("dsg").option_defaults, problem.options)
-        pred = kgp.get_solver("dsg").fit(problem)
+        dsg = kgp.get_solver("dsg")
+        options = kgp.resolve_options("solver 'dsg'", dsg, opts, train_predictions=mode)
+        pred = dsg.fit(kgp.Problem(X=X, y=y, kernel=kernel, noise=1.0, options=options))
         ref = _numpy_algorithm_1(X, y.numpy(), kernel, 11, 8, 30, theta_nu / nu, nu)
         np.testing.assert_allclose(pred.coef.numpy(), ref, rtol=1e-9, atol=1e-12)
 

@@ -423,9 +423,11 @@ def test_not_factorisable_centers_raise_not_psd_error():
     """Called directly (no model validation): non-finite centers make K(Z, Z) unfactorisable at every jitter."""
     X, Z, y = _problem()
     Z[0, 0] = float("nan")
-    problem = kgp.Problem(X, y, _kernel(), 0.05, centers=Z, options={"projection": "cholesky"})
+    eigenpro = kgp.get_solver("eigenpro")
+    options = kgp.resolve_options("solver 'eigenpro'", eigenpro, projection="cholesky")
+    problem = kgp.Problem(X, y, _kernel(), 0.05, centers=Z, options=options)
     with pytest.raises(NotPSDError, match=r"K\(Z, Z\) \+ 2.2e-03 I of the eigenpro centers .* are centers duplicated"):
-        kgp.get_solver("eigenpro").fit(problem)
+        eigenpro.fit(problem)
 
 
 def test_option_defaults_documented_and_registered():

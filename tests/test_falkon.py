@@ -51,16 +51,17 @@ def rel(a, b) -> float:
 
 
 def fit(X, y, Z, noise, kernel=None, weights=None, monitor=None, **options):
+    solver = FalkonSolver()
     problem = Problem(
         X=X,
         y=y if y.dim() == 2 else y[:, None],
         kernel=kernel if kernel is not None else rbf(1.0, X.dtype),
         noise=noise,
         centers=None if Z is None else kgp.Centers(Z, weights=weights),
-        options=options,
+        options=kgp.resolve_options("solver 'falkon'", solver, options),  # as the model does, once
         monitor=monitor if monitor is not None else kgp.Monitor(),
     )
-    return FalkonSolver().fit(problem)
+    return solver.fit(problem)
 
 
 def synthetic(n=1500, d=4, k=1, seed=0, dtype=F64, n_test=0):
@@ -121,8 +122,11 @@ def test_registered_with_documented_defaults():
     assert solver.uses_centers is True
     assert solver.option_defaults["maxiter"].default == 20
     assert solver.option_defaults["residual_every"].default == 10
-    merged = kgp.merge_options("solver 'falkon'", solver.option_defaults, {"residual_every": None})
-    assert merged["residual_every"] == 0  # None means never
+    assert kgp.resolve_options("solver 'falkon'", solver, residual_every=None)["residual_every"] is None
+    X, y = synthetic(n=300, d=3)
+    Z = X[:40]
+    never = fit(X, y, Z, 0.1, residual_every=None, maxiter=15, tol=0.0).alpha
+    assert torch.equal(never, fit(X, y, Z, 0.1, residual_every=0, maxiter=15, tol=0.0).alpha)  # None means never
 
 
 def test_m_equals_n_one_iteration_is_exact_krr():

@@ -25,6 +25,7 @@ class RecordingSolver:
     uses_centers = False
 
     def __init__(self, needs_grad: bool | None = None, fail_with: type[BaseException] | None = None):
+        self.capabilities = kgp.Capabilities(target="exact", needs_grad=bool(needs_grad))
         if needs_grad is not None:
             self.needs_grad = needs_grad
         self.fail_with = fail_with
@@ -46,6 +47,7 @@ class RecordingSelector:
     option_defaults: dict = {}
 
     def __init__(self, needs_grad: bool | None = None):
+        self.capabilities = kgp.Capabilities(needs_grad=bool(needs_grad))
         if needs_grad is not None:
             self.needs_grad = needs_grad
         self.seen: dict = {}
@@ -114,6 +116,7 @@ def test_no_grad_keeps_a_cg_loop_from_building_a_graph(plugin):
     """Products with a trainable kernel inside fit: without no_grad each one would join the graph."""
 
     class CGLike:
+        capabilities = kgp.Capabilities(target="exact")
         option_defaults: dict = {}
         uses_centers = False
 

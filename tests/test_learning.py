@@ -183,6 +183,7 @@ def test_save_load_keeps_learned_hyperparameters_mean_and_scaling(tmp_path):
 
 
 class _NaNAfterTwo:
+    capabilities = kgp.Capabilities()
     option_defaults: dict = {}
     uses_centers = False
 

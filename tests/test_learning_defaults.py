@@ -19,6 +19,7 @@ from kgp.registry import get_objective
 class _Quadratic:
     """A toy objective: (noise - 0.3)^2 + (outputscale - 2)^2, with its own loop defaults."""
 
+    capabilities = kgp.Capabilities()  # its loop_defaults: the attribute the loop reads until the fit plan lands
     option_defaults: dict = {}
     uses_centers = False
 

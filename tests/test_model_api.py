@@ -161,6 +161,7 @@ def _center_solver_plugin():
     import types
 
     class DenseNystrom:
+        capabilities = kgp.Capabilities(uses_centers=True, target="nystrom")
         option_defaults = {}
         uses_centers = True
 

@@ -1,4 +1,4 @@
-"""Plugin registry: runtime registration, conflicts, broken plugins, entry-point switches."""
+"""Plugin registry: runtime registration, conflicts, broken plugins, entry-point switches, loading once."""
 
 import os
 import subprocess
@@ -11,15 +11,15 @@ import pytest
 import torch
 
 import kgp
-from kgp.plugin import merge_options
+from kgp.options import merge_options
 from kgp.registry import LoadFailure, PluginConflictError, PluginLoadError, Registry, UnknownPluginError
 
 
 class ScaledExact:
     """A toy third-party solver: the exact solution computed with a dense solve (no Cholesky)."""
 
-    option_defaults = {"shift": 0.0}
-    uses_centers = False
+    option_defaults = {"shift": kgp.Option.number(0.0, help="added to every coefficient")}
+    capabilities = kgp.Capabilities(target="exact")
 
     def fit(self, problem):
         K = problem.kernel_operator(problem.X).to_dense()
@@ -228,7 +228,7 @@ def test_entry_points_broken_plugin_and_switches(tmp_path):
                 import kgp
                 class S:
                     option_defaults = {}
-                    uses_centers = False
+                    capabilities = kgp.Capabilities()
                     def fit(self, problem):
                         raise NotImplementedError
                 @kgp.hookimpl
@@ -276,7 +276,7 @@ def test_entry_point_name_clash_reports_both_distributions(tmp_path):
         import kgp
         class S:
             option_defaults = {}
-            uses_centers = False
+            capabilities = kgp.Capabilities()
             def fit(self, problem):
                 raise NotImplementedError
         @kgp.hookimpl
@@ -305,3 +305,122 @@ def test_fresh_registry_loads_builtins_through_entry_points():
     info = reg.get("solver", "exact")
     assert info.distribution == "kgp" and info.plugin == "exact"
     assert reg.get("selector", "uniform").distribution == "kgp"
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading once, from any thread (issue 25: 7 of 8 threads saw "available solvers: (none)")
+# ---------------------------------------------------------------------------------------------
+RACE = """
+import threading
+import kgp
+
+barrier = threading.Barrier(8)
+errors = []
+
+
+def lookup():
+    barrier.wait()  # all eight threads reach the registry's first use together
+    try:
+        assert type(kgp.get_solver("exact")).__name__ == "ExactSolver"
+    except Exception as exc:
+        errors.append(f"{type(exc).__name__}: {exc}")
+
+
+threads = [threading.Thread(target=lookup) for _ in range(8)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+print(len(errors))
+print("\\n".join(errors[:1]))
+"""
+
+
+@pytest.mark.slow
+def test_first_lookup_from_eight_threads_in_a_fresh_process_sees_every_plugin(tmp_path):
+    """10 fresh processes, 8 threads each behind a barrier: before the fix every process had 7 failures."""
+    env = _env_for(tmp_path, KGP_DISABLE_ENTRYPOINTS="1")
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-c", RACE], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
+        for _ in range(10)
+    ]
+    outputs = [run.communicate(timeout=300) for run in runs]
+    for run, (out, err) in zip(runs, outputs):
+        assert run.returncode == 0, err
+        failed, _, first = out.partition("\n")
+        assert failed == "0", f"{failed} of 8 threads failed, e.g. {first.strip()}"
+
+
+def test_lookups_during_a_slow_discovery_wait_for_it(monkeypatch):
+    """Threads that arrive while the registry is still importing plugins wait and then see all of them."""
+    import threading
+    import time
+
+    from kgp import registry as registry_module
+
+    loaded = registry_module.load_entry_points
+
+    def slow_discovery(*args, **kwargs):
+        time.sleep(0.3)  # an entry point importing a heavy dependency
+        return loaded(*args, **kwargs)
+
+    monkeypatch.setattr(registry_module, "load_entry_points", slow_discovery)
+    reg = Registry()
+    barrier = threading.Barrier(8)
+    seen: list = []
+
+    def lookup():
+        barrier.wait()
+        try:
+            seen.append(type(reg.get("solver", "exact").obj).__name__)
+        except Exception as exc:  # the race reported UnknownPluginError here
+            seen.append(repr(exc))
+
+    threads = [threading.Thread(target=lookup) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert seen == ["ExactSolver"] * 8
+    assert len({id(reg.pm)} | {id(reg.pm) for _ in range(3)}) == 1  # one plugin manager, loaded once
+
+
+def test_a_plugin_looking_names_up_while_it_is_imported_sees_the_plugins_loaded_so_far(monkeypatch):
+    """Re-entrant use from the loading thread (a plugin module calling kgp at import) does not deadlock."""
+    from kgp import registry as registry_module
+
+    loaded = registry_module.load_entry_points
+    during: list = []
+
+    def discovery_that_looks_up(admit, *args, **kwargs):
+        during.append(reg.names("predictor"))  # the core's predictor is registered before the entry points
+        return loaded(admit, *args, **kwargs)
+
+    monkeypatch.setattr(registry_module, "load_entry_points", discovery_that_looks_up)
+    reg = Registry()
+    assert "exact" in reg.names("solver")
+    assert during == [["kernel_expansion"]]
+
+
+def test_each_plugins_hooks_run_once_as_it_registers_and_unhashable_plugins_work():
+    """Hooks run through pluggy's historic relay: once per plugin, never again when others register."""
+    calls = []
+
+    @kgp.hookimpl
+    def register_solvers(register):
+        calls.append("a")
+        register("once-solver", ScaledExact())
+
+    plugin = types.SimpleNamespace(register_solvers=register_solvers)  # unhashable: defines __eq__
+    first = kgp.register(plugin, name="once-plugin")
+    second = kgp.register(_plugin("other_plugin", "other-once-solver"))
+    try:
+        assert calls == ["a"]  # registering another plugin did not call this one's hook again
+        assert isinstance(kgp.get_solver("once-solver"), ScaledExact)
+        assert kgp.registry.registry.get("solver", "once-solver").plugin == "once-plugin"
+    finally:
+        kgp.unregister(first)
+        kgp.unregister(second)
+    assert "once-solver" not in kgp.registry.registry.names("solver")

@@ -11,8 +11,9 @@ over the n points per center: O(n M d) time, O(n) extra memory.
 
 Steps:
 
-1. a selector object with ``option_defaults`` (every option declared) and ``select(request) ->
-   kgp.Centers`` (docs/plugin-author-guide.md, section 2);
+1. a selector object with ``capabilities`` (a ``kgp.Capabilities``: what it can do),
+   ``option_defaults`` (every option declared) and ``select(request) -> kgp.Centers``
+   (docs/plugin-author-guide.md);
 2. a hook implementation ``register_selectors(register)`` on a small namespace, registered with
    ``kgp.register(plugin, name=...)`` (no packaging needed while developing; an installed plugin uses
    the ``kgp`` entry-point group instead, same hook);
@@ -42,6 +43,7 @@ from _shared import pyplot  # noqa: E402
 class FarthestPointSelector:
     """Greedy k-center (farthest-point) centers from the training points; D = I."""
 
+    capabilities = kgp.Capabilities()  # one process (not distributed), no autograd
     option_defaults = {
         "scale_by_lengthscale": kgp.Option.boolean(
             True, help="measure distances in units of the kernel's lengthscale when it has one"
@@ -49,7 +51,7 @@ class FarthestPointSelector:
     }
 
     def select(self, request: kgp.SelectionRequest) -> kgp.Centers:
-        options = kgp.merge_options("selector 'farthest-point'", self.option_defaults, request.options)
+        options = request.options  # resolved by kgp before select: validated, defaults filled in
         X = request.X
         n = X.shape[0]
         m = min(request.n_centers or kgp.default_n_centers(n), n)

@@ -24,11 +24,14 @@ class ExactSolver:
     """Cholesky solve of ``(K(X, X) + noise I) alpha = y`` (all outputs at once)."""
 
     option_defaults: dict[str, kgp.Option] = {}  # none: the oracle has nothing to tune
+    # the exact GP posterior mean (and, in predict(return_std=True), its exact variance); one process only
+    capabilities = kgp.Capabilities(target="exact")
+    # legacy flag: read by kgp/models until the fit plan lands
     uses_centers = False
-    exact_posterior = True  # predict(return_std=True) gives the exact GP posterior variance
+    # legacy flag: read by kgp/models until the fit plan lands
+    exact_posterior = True
 
     def fit(self, problem: Problem) -> KernelExpansion:
-        kgp.merge_options("solver 'exact'", self.option_defaults, problem.options)
         if problem.shard is not None and problem.shard.world_size > 1:
             raise ValueError(
                 f"solver 'exact' cannot fit row-sharded data ({problem.shard.world_size} ranks): it factors "

@@ -7,7 +7,8 @@ It registers, through the ``kgp`` entry-point group (see ``pyproject.toml``):
 - center selector ``kmeans++`` (:mod:`kgp_example.kmeanspp`): k-means++ seeding in the kernel's
   feature space.
 
-It imports only kgp's public API (``kgp``, ``kgp.plugin``); its options are declared with ``kgp.Option``.
+It imports only kgp's public API (``kgp``, ``kgp.plugin``); each plugin declares what it can do
+(``kgp.Capabilities``) and its options (``kgp.Option``).
 """
 
 __version__ = "0.1.0"

@@ -33,10 +33,12 @@ class KMeansPPSelector:
     """k-means++ seeding of ``n_centers`` training points (default ``min(n, max(100, 5 sqrt(n)))``).
 
     Its options are declared with :class:`kgp.Option` (``kgp plugins --options kmeans++`` prints
-    them): kgp checks them before ``select`` and reports a bad value as
+    them): kgp resolves them once before ``select`` and reports a bad value as
     ``selector 'kmeans++' option 'metric': expected one of 'kernel', 'euclidean', got 'cosine'``.
     """
 
+    # one process: the D^2 draws need every row's distance (not distributed); no autograd
+    capabilities = kgp.Capabilities()
     option_defaults = {
         "metric": kgp.Option.choice(
             "kernel", ("kernel", "euclidean"), help="distance for D^2 sampling: the kernel's feature space or R^d"
@@ -47,9 +49,7 @@ class KMeansPPSelector:
     }
 
     def select(self, request: SelectionRequest) -> Centers:
-        # the model passes checked options; a direct call (tests) may pass partial ones: merging is idempotent
-        options = kgp.merge_options("selector 'kmeans++'", self.option_defaults, request.options)
-        metric, trials = options["metric"], options["n_local_trials"]
+        metric, trials = request.options["metric"], request.options["n_local_trials"]  # resolved by kgp
         X = request.X
         n = request.n
         m = default_n_centers(n) if request.n_centers is None else int(request.n_centers)

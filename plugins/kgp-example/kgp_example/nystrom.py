@@ -73,7 +73,7 @@ def solve_nystrom_system(gram: Tensor, kmm: Tensor, rhs: Tensor, noise: float, r
 class NystromDirect:
     """Dense Nystrom solve of ``(K_nM^T K_nM + sigma^2 K_MM) alpha = K_nM^T y`` (all outputs at once).
 
-    Options (declared with :class:`kgp.Option`, checked by kgp before ``fit``)
+    Options (declared with :class:`kgp.Option`, resolved by kgp once before ``fit``)
     -------
     rcond : float in [0, 1) or None, default None
         Relative eigenvalue threshold on ``K_MM`` (None: ``M * eps`` of the dtype).
@@ -82,6 +82,8 @@ class NystromDirect:
     D (Rudi et al. 2017, Appendix A, Def. 4), only an iterative solver's conditioning does.
     """
 
+    # the Nystrom estimator on the centers (the predictive variance is then the DTC one on them)
+    capabilities = kgp.Capabilities(uses_centers=True, target="nystrom")
     option_defaults = {
         "rcond": kgp.Option.number(
             None,
@@ -92,11 +94,9 @@ class NystromDirect:
             help="relative eigenvalue threshold on K_MM (None: M * eps of the dtype)",
         )
     }
-    uses_centers = True
 
     def fit(self, problem: Problem) -> KernelExpansion:
-        # the model passes checked options; a direct call (tests) may pass partial ones: merging is idempotent
-        rcond = kgp.merge_options("solver 'nystrom-direct'", self.option_defaults, problem.options)["rcond"]
+        rcond = problem.options["rcond"]  # resolved by kgp: validated, default filled in
         if problem.centers is None:
             raise ValueError("solver 'nystrom-direct' needs centers (problem.centers is None)")
         Z = problem.centers.points

@@ -13,7 +13,8 @@ from kgp.plugin import SelectionRequest
 def _request(X, m, seed=0, **options):
     X = torch.as_tensor(X, dtype=torch.float64)
     kernel = kgp.kernels.make_kernel("rbf", 1.0).double()
-    opts = {"metric": "kernel", "n_local_trials": 1, **options}
+    # resolved as the model resolves them (invalid values raise here)
+    opts = kgp.resolve_options("selector 'kmeans++'", kgp.get_selector("kmeans++"), options)
     return SelectionRequest(X, m, kernel, 1e-2, torch.Generator().manual_seed(seed), opts)
 
 

@@ -94,6 +94,7 @@ def test_bad_options_and_missing_centers():
         kgp.KernelRegressor(solver="nystrom-direct", solver_options={"tol": 1}).fit(X, y)
     solver = kgp.get_solver("nystrom-direct")
     kernel = gpytorch.kernels.RBFKernel().double()
-    problem = Problem(X=torch.as_tensor(X), y=torch.as_tensor(y), kernel=kernel, noise=0.1, options={"rcond": None})
+    options = kgp.resolve_options("solver 'nystrom-direct'", solver)
+    problem = Problem(X=torch.as_tensor(X), y=torch.as_tensor(y), kernel=kernel, noise=0.1, options=options)
     with pytest.raises(ValueError, match="needs centers"):
         solver.fit(problem)

@@ -11,7 +11,7 @@ Conventions: ``lam`` is the FALKON/BLESS per-sample lambda = sigma^2 / n (``requ
 
 Modules: :mod:`.scores` (eq. 3), :mod:`.path` (the lambda path and the level driver both algorithms
 share), :mod:`.algorithms` (the per-level draws of Alg. 1 and 2), :mod:`.result` (BlessResult,
-FALKON's D), :mod:`.options` (option declarations, defaults from the functions' signatures),
+FALKON's D), :mod:`.options` (the option tables of both algorithms),
 :mod:`.checks` (data-argument checks), :mod:`.selector` (the selector adapter).
 """
 

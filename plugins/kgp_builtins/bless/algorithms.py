@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from .checks import _check_inputs
-from .options import parse_options
+from .options import BLESS_OPTIONS, BLESS_R_OPTIONS, parse_options
 from .path import Level, LevelDraw, Sweep, run_path
 from .result import BlessResult
 
@@ -117,7 +117,9 @@ def bless(
     BlessResult
     """
     lam = _check_inputs(X, kernel, lam, allow_empty=shard is not None)
-    options = parse_options("bless()", bless, q=q, t=t, q1=q1, q2=q2, early_stop=early_stop, linalg_dtype=linalg_dtype)
+    options = parse_options(
+        "bless()", BLESS_OPTIONS, q=q, t=t, q1=q1, q2=q2, early_stop=early_stop, linalg_dtype=linalg_dtype
+    )
     draw_level = functools.partial(_bless_level, q1=options.pop("q1"))
     return run_path(
         "bless", X, kernel, lam, n_centers=n_centers, generator=generator, draw_level=draw_level, shard=shard, **options
@@ -217,7 +219,7 @@ def bless_r(
     lam = _check_inputs(X, kernel, lam, allow_empty=shard is not None)
     options = parse_options(
         "bless_r()",
-        bless_r,
+        BLESS_R_OPTIONS,
         q=q,
         t=t,
         q2=q2,

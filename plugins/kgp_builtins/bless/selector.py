@@ -9,27 +9,29 @@ import kgp
 from kgp.plugin import Centers, SelectionRequest
 
 from .algorithms import bless, bless_r
-from .options import LAM_OPTION, declared_options
+from .options import BLESS_OPTIONS, BLESS_R_OPTIONS, LAM_OPTION
 from .result import BlessResult
 
 
 class _BlessFamilySelector:
     """Selector running ``run`` (:func:`bless` or :func:`bless_r`) on a :class:`kgp.SelectionRequest`.
 
-    Its options are the keyword arguments of ``run`` besides ``n_centers`` and ``generator`` (taken
-    from the request), with ``run``'s defaults (:func:`.options.declared_options`), plus ``lam``.
+    Its options are ``run``'s keyword arguments besides ``n_centers``, ``generator`` and ``shard``
+    (taken from the request), declared in ``options`` (:mod:`.options`), plus ``lam``.
     """
 
-    supports_distributed = True  # every draw is over global row numbers (path.run_path)
+    # every draw is over global row numbers (path.run_path): data-parallel
+    capabilities = kgp.Capabilities(distributed=True)
+    # legacy flag: read by kgp/models until the fit plan lands
+    supports_distributed = True
 
-    def __init__(self, name: str, run: Callable[..., BlessResult]):
+    def __init__(self, name: str, run: Callable[..., BlessResult], options: dict[str, kgp.Option]):
         self.name = name
         self._run = run
-        self.option_defaults: dict[str, kgp.Option] = {"lam": LAM_OPTION, **declared_options(run)}
+        self.option_defaults: dict[str, kgp.Option] = {"lam": LAM_OPTION, **options}
 
     def select(self, request: SelectionRequest) -> Centers:
-        # direct calls (tests) may pass partial or unchecked options; merging is idempotent
-        options: dict[str, Any] = kgp.merge_options(f"selector {self.name!r}", self.option_defaults, request.options)
+        options: dict[str, Any] = dict(request.options)  # resolved by the core (kgp.resolve_options)
         lam = options.pop("lam")
         result = self._run(
             request.X,
@@ -46,8 +48,8 @@ class _BlessFamilySelector:
         return result.to_centers(request.X, request.shard.take_rows(request.X, result.indices))
 
 
-BlessSelector = _BlessFamilySelector("bless", bless)
+BlessSelector = _BlessFamilySelector("bless", bless, BLESS_OPTIONS)
 """Selector ``bless``: :func:`bless` (Alg. 1) at ``request.lam`` (or the ``lam`` option)."""
 
-BlessRSelector = _BlessFamilySelector("bless-r", bless_r)
+BlessRSelector = _BlessFamilySelector("bless-r", bless_r, BLESS_R_OPTIONS)
 """Selector ``bless-r``: :func:`bless_r` (Alg. 2) at ``request.lam`` (or the ``lam`` option)."""

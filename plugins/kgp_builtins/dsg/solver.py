@@ -1,9 +1,8 @@
 """Solver ``dsg``: doubly stochastic functional gradients with random features (Dai et al., NIPS 2014).
 
-Module length (~410 lines, above the ~350 guideline): the two update rules share one step loop,
-its stopping and divergence checks and the partial_fit continuation; the numerics already live in
-``least_squares``, ``features``, ``spectra`` and ``checks``. Splitting the loop further was left for
-later (issue 12 closing note).
+The two update rules share one step loop, its stopping and divergence checks and the partial_fit
+continuation; the numerics live in ``least_squares``, ``features``, ``spectra`` and ``checks``, the
+option table in ``options``, the sums over ranks in ``reductions``.
 
 Implements Algorithm 1 (train) of B. Dai, B. Xie, N. He, Y. Liang, A. Raj, M.-F. Balcan, L. Song,
 "Scalable Kernel Methods via Doubly Stochastic Gradients", NIPS 2014, for the square loss, with a
@@ -69,29 +68,30 @@ from typing import Any
 
 import torch
 
+import kgp
 from kgp.linalg import largest_eigenvalue
 from kgp.options import InvalidOptionError, Option
-from kgp.plugin import Problem, merge_options
+from kgp.plugin import Problem
 
 from .checks import LossTrace, isolated_fraction, off_data_noise, scaled_inputs_checked, warn_if_noisy_off_data
 from .features import RandomFeatureExpansion, RandomFeatureMap
 from .least_squares import solve_block
+from .options import (
+    DSG_OPTIONS,
+    GRADIENT_BATCH,
+    GRADIENT_FEATURES,
+    LS_FEATURES,
+    LS_FEATURES_PER_POINT,
+    LS_POINTS_CAP,
+)
+from .reductions import Sums
 from .spectra import SpectralSampler, spectral_sampler
 
 __all__ = ["DSGSolver"]
 
 
 _OWNER = "solver 'dsg'"
-_POSITIVE_OR_NONE = {"minimum": 0.0, "exclusive_minimum": True, "allow_none": True}
 
-# Defaults (measured on the UCI sweep; docs/solvers/dsg.md, "Defaults"): least_squares draws 512
-# features per step on all n points and 20 min(n, 5000) features in all; gradient keeps the former
-# 64 features, batches of 256 and 10 passes.
-_LS_FEATURES = 512
-_LS_FEATURES_PER_POINT = 20
-_LS_POINTS_CAP = 5000
-_GRADIENT_FEATURES = 64
-_GRADIENT_BATCH = 256
 # Training points sampled for the isolation estimate of the off-data noise check, and rows per kernel block.
 _ISOLATION_SAMPLE = 512
 _ISOLATION_BLOCK = 8192
@@ -100,110 +100,29 @@ _ISOLATION_BLOCK = 8192
 class DSGSolver:
     r"""Doubly stochastic functional gradient descent (Dai et al. 2014, Algorithms 1-2), square loss.
 
-    Options are declared in :attr:`option_defaults` (one line of help each; ``kgp plugins --options
-    dsg``) and validated by :func:`kgp.merge_options`; docs/solvers/dsg.md explains them. Notes on
-    the less obvious ones:
-
-    ``t0`` / ``gamma_max`` ("auto")
-        ``gamma_t = theta / (t + t0)``; "auto" t0 is ``max(0, theta / gamma_max - 1)``, so that the
-        first step is ``gamma_max``; "auto" gamma_max is ``min(1 / (lambda_1 + s / m), r m / (n s))``
-        (not in the paper; see :meth:`_gamma_max`).
-    ``train_predictions`` ("auto")
-        How f_t(x_j) is evaluated: "recompute" (Algorithm 1 as printed: regenerate all earlier
-        features for the batch, O(t r d m) per step), "cache" (keep f_t on the training points up to
-        date, O(n r d) per step; identical values), "auto" (the cheaper of the two for this call).
+    Options: :data:`.options.DSG_OPTIONS` (its module docstring has notes on the less obvious ones),
+    validated once by :func:`kgp.resolve_options`.
     """
 
-    option_defaults: dict[str, Option] = {
-        "update": Option.choice(
-            "least_squares",
-            ("least_squares", "gradient"),
-            help="step rule: ridge least-squares fit of the residual by the step's features, or the plain eq. 6 step",
-        ),
-        "features_per_step": Option.integer(
-            None, minimum=1, allow_none=True, help="r, random features drawn per step; None: 512 (least_squares), 64"
-        ),
-        "batch_size": Option.integer(
-            None,
-            minimum=1,
-            allow_none=True,
-            help="m, data points per step (capped at n); None: all n (least_squares), 256 (gradient)",
-        ),
-        "passes": Option.integer(
-            None,
-            minimum=1,
-            allow_none=True,
-            help="passes over the data in fit; None: 20 min(n, 5000) / r features' worth (least_squares), 10",
-        ),
-        "partial_fit_passes": Option.integer(
-            None,
-            minimum=1,
-            allow_none=True,
-            help="passes over each chunk in partial_fit; None: as passes (least_squares), 1 (gradient)",
-        ),
-        "max_steps": Option.integer(
-            None, minimum=1, allow_none=True, help="cap on the steps of one call; None: no cap"
-        ),
-        "nu": Option.number(
-            None, **_POSITIVE_OR_NONE, help="the paper's regulariser nu; None: noise / n_seen (= problem.lam in fit)"
-        ),
-        "ridge": Option.number(
-            None,
-            minimum=0.0,
-            allow_none=True,
-            help="least_squares: ridge rho of each block fit; None: nu T (T = steps after the call)",
-        ),
-        "shrink": Option.number(
-            1.0,
-            minimum=0.0,
-            exclusive_minimum=True,
-            maximum=1.0,
-            help="least_squares: fraction of each block fit that is taken (1: all); 0.2 for points isolated at the "
-            "lengthscale (rounded / discrete features)",
-        ),
-        "gram_rows": Option.integer(
-            2048,
-            minimum=1,
-            help="least_squares: batches up to this size are solved directly, larger ones by CG preconditioned "
-            "with this many rows",
-        ),
-        "theta": Option.number(
-            None,
-            **_POSITIVE_OR_NONE,
-            help="gradient: step-size constant in gamma_t = theta / (t + t0); None: 1 / nu (Thm. 4)",
-        ),
-        "t0": Option.number(
-            "auto",
-            minimum=0.0,
-            keywords=("auto",),
-            help="gradient: clock offset in gamma_t = theta / (t + t0); 'auto': first step gamma_max; 0: the paper's",
-        ),
-        "gamma_max": Option.number(
-            "auto",
-            minimum=0.0,
-            exclusive_minimum=True,
-            keywords=("auto",),
-            help="gradient: first step for the 'auto' t0; 'auto': min(1 / (lambda_1 + s / m), r m / (n s))",
-        ),
-        "seed": Option.integer(
-            None, minimum=0, allow_none=True, help="model seed of the random features; None: from random_state"
-        ),
-        "train_predictions": Option.choice(
-            "auto",
-            ("auto", "cache", "recompute"),
-            help="how f_t(x_j) is evaluated: cache f_t on X, recompute from seeds, or the cheaper (auto); "
-            "least_squares always caches",
-        ),
-        "report_every": Option.integer(
-            None, minimum=1, allow_none=True, help="steps between monitor reports; None: once per pass"
-        ),
-    }
+    option_defaults: dict[str, Option] = DSG_OPTIONS
+    # approximates the exact posterior mean by random features (no variance); fit is data-parallel,
+    # partial_fit is local (docs/scaling-out.md)
+    capabilities = kgp.Capabilities(target="mean_only", distributed=True, partial_fit=True)
+    # legacy flag: read by kgp/models until the fit plan lands
     uses_centers = False
-    supports_distributed = True  # fit only; partial_fit is local (docs/scaling-out.md)
+    # legacy flag: read by kgp/models until the fit plan lands
+    supports_distributed = True
+
+    def check_options(self, options: dict[str, Any]) -> dict[str, Any]:
+        """One spelling for "computed from the data": the former ``"auto"`` of t0 and gamma_max becomes None."""
+        for name in ("t0", "gamma_max"):
+            if options[name] == "auto":
+                options[name] = None
+        return options
 
     def fit(self, problem: Problem) -> RandomFeatureExpansion:
         """Run Algorithm 1 for ``passes`` passes (or ``max_steps`` steps) over ``problem.X``."""
-        opts = merge_options(_OWNER, self.option_defaults, problem.options)
+        opts = problem.options  # resolved by the core (kgp.resolve_options)
         return self._run(problem, None, opts, opts["passes"])
 
     def partial_fit(self, problem: Problem, previous: RandomFeatureExpansion | None) -> RandomFeatureExpansion:
@@ -214,7 +133,7 @@ class DSGSolver:
         """
         if previous is not None and not isinstance(previous, RandomFeatureExpansion):
             raise TypeError(f"previous: expected a RandomFeatureExpansion or None, got {type(previous).__name__}")
-        opts = merge_options(_OWNER, self.option_defaults, problem.options)
+        opts = problem.options  # resolved by the core (kgp.resolve_options)
         passes = opts["partial_fit_passes"]
         if passes is None:
             update = previous.schedule.get("update", "gradient") if previous is not None else opts["update"]
@@ -246,7 +165,7 @@ class DSGSolver:
         s = sampler.outputscale
         return min(1.0 / (lam1 + s / m), r * m / (n * s))
 
-    def _isolated(self, problem: Problem, sampler: SpectralSampler, sums: _Sums) -> float:
+    def _isolated(self, problem: Problem, sampler: SpectralSampler, sums: Sums) -> float:
         """Estimated fraction of new points with no training point near them (:func:`.checks.isolated_fraction`).
 
         The neighbour mass of q <= 512 random training points against all n, in row blocks of X
@@ -274,7 +193,7 @@ class DSGSolver:
         # n: rows of the global problem; the step loop draws global batches and each rank works on the
         # rows it holds (n_here), summing the normal-equation sums, gradients and losses (_Sums)
         n, k, n_here = problem.n, problem.n_outputs, problem.n_local
-        sums = _Sums(problem.shard)
+        sums = Sums(problem.shard)
         if problem.shard is not None and previous is not None:
             raise ValueError(f"{_OWNER}: partial_fit is not distributed; continue the model on one process")
         sampler = spectral_sampler(problem.kernel)
@@ -287,12 +206,12 @@ class DSGSolver:
                     f"got {opts['update']!r}"
                 )
         least_squares = update == "least_squares"
-        r = opts["features_per_step"] or (_LS_FEATURES if least_squares else _GRADIENT_FEATURES)
-        m = min(opts["batch_size"] or (n if least_squares else _GRADIENT_BATCH), n)
+        r = opts["features_per_step"] or (LS_FEATURES if least_squares else GRADIENT_FEATURES)
+        m = min(opts["batch_size"] or (n if least_squares else GRADIENT_BATCH), n)
         if passes is None:
             # least_squares: D = 20 min(n, 5000) features in all, one step per pass with m = n
             # (docs/solvers/dsg.md, "Defaults"); gradient: the former fixed 10 passes.
-            passes = max(1, math.ceil(_LS_FEATURES_PER_POINT * min(n, _LS_POINTS_CAP) / r)) if least_squares else 10
+            passes = max(1, math.ceil(LS_FEATURES_PER_POINT * min(n, LS_POINTS_CAP) / r)) if least_squares else 10
         if previous is not None:
             if previous.features_per_step != r:
                 raise InvalidOptionError(
@@ -305,7 +224,7 @@ class DSGSolver:
             t_prev = previous.n_steps
             sched = dict(previous.schedule)
             n_seen = int(sched.get("n_seen", 0)) + n
-            gamma_max = sched.get("gamma_max") if opts["gamma_max"] == "auto" else opts["gamma_max"]
+            gamma_max = sched.get("gamma_max") if opts["gamma_max"] is None else opts["gamma_max"]
             shift = previous.shift
         else:
             seed = opts["seed"]
@@ -313,7 +232,7 @@ class DSGSolver:
                 seed = int(torch.randint(0, 2**62, (1,), generator=problem.generator))
             t_prev = 0
             n_seen = n
-            gamma_max = None if opts["gamma_max"] == "auto" else opts["gamma_max"]
+            gamma_max = opts["gamma_max"]
             # Centre the inputs: phases omega^T (x - mean) stay small (rounding, float32; checks.py).
             shift = sums.tensor(X.detach().to(torch.float64).sum(0)).div_(n) if n else None
         steps_per_pass = math.ceil(n / m)
@@ -331,7 +250,7 @@ class DSGSolver:
             if gamma_max is None:
                 gamma_max = self._gamma_max(problem, sampler, m, r)
             theta = opts["theta"] if opts["theta"] is not None else 1.0 / nu
-            t0 = max(0.0, theta / gamma_max - 1.0) if opts["t0"] == "auto" else opts["t0"]
+            t0 = max(0.0, theta / gamma_max - 1.0) if opts["t0"] is None else opts["t0"]
             schedule = {"update": update, "nu": nu, "theta": theta, "t0": t0, "gamma_max": gamma_max, "n_seen": n_seen}
         report_every = opts["report_every"] or steps_per_pass
 
@@ -477,37 +396,3 @@ class DSGSolver:
                 schedule.update(off_data_noise=noise, isolated=isolated, off_data_score=score)
                 warn_if_noisy_off_data(noise, score, isolated, y_sq, least_squares=least_squares)
         return RandomFeatureExpansion(problem.kernel, C[:t] * S, seed, schedule, shift)
-
-
-class _Sums:
-    """The reductions of a distributed fit (``problem.shard``), identities in a local one.
-
-    A distributed run draws the same global permutation and features on every rank (the problem's
-    generator and the model seed are shared), so each step's batch is a set of global row numbers;
-    each rank computes its rows' part of every sum and the sums are added over the ranks. The
-    ``r x r`` solves, the coefficients and the step-size schedule are replicated.
-    """
-
-    def __init__(self, shard: Any):
-        self.shard = shard
-
-    def tensor(self, t: torch.Tensor) -> torch.Tensor:
-        """``t`` summed over the ranks (in place)."""
-        return t if self.shard is None else self.shard.all_reduce_(t)
-
-    def floats(self, *values: float) -> list[float]:
-        """Python numbers summed over the ranks."""
-        return list(values) if self.shard is None else self.shard.sum_floats(*values)
-
-    def batch(self, idx: torch.Tensor, full: bool) -> tuple[torch.Tensor | None, torch.Tensor]:
-        """``(positions in the batch, rows of X)`` of this rank's part of the batch ``idx`` (global rows).
-
-        A full batch is all of this rank's rows in row order (the least-squares step uses ``Phi_all``
-        itself; a gradient is a sum, whatever the order), at their global row numbers.
-        """
-        if self.shard is None:
-            return None, idx
-        if full:
-            rows = torch.arange(self.shard.n_local, device=idx.device)
-            return rows + self.shard.offset, rows
-        return self.shard.local_rows(idx)

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+import kgp
 from kgp.options import Option
-from kgp.plugin import KernelExpansion, Problem, merge_options
+from kgp.plugin import KernelExpansion, Problem
 
 from .budget import block_rows, kernel_diagonal
 from .iterates import EpochLog, TailAverage, checked_targets
@@ -29,7 +30,7 @@ from .nystrom import (
     heldout_curvature,
     nystrom_preconditioner,
 )
-from .options import EIGENPRO2_DEFAULTS, resolve_average_epochs, resolve_subsample
+from .options import EIGENPRO2_DEFAULTS, check_options, resolve_subsample
 
 __all__ = ["EP2State", "EigenPro2Solver", "ep2_epoch", "ep2_setup"]
 
@@ -140,6 +141,12 @@ def ep2_setup(
     )
 
 
+_DISTRIBUTED_REFUSAL = (
+    "its n coefficients are one per training row, so every batch would need all ranks' coefficients; "
+    "use solver='eigenpro' with centers (e.g. centers='uniform'), which fits the same kind of model data-parallel"
+)
+
+
 class EigenPro2Solver:
     """EigenPro 2.0 (Ma & Belkin 2019): preconditioned SGD with centers = the training set.
 
@@ -150,18 +157,23 @@ class EigenPro2Solver:
     """
 
     option_defaults: dict[str, Option] = EIGENPRO2_DEFAULTS
+    # the exact posterior mean (an expansion over every training point); why a distributed fit refuses it
+    # is quoted in the model's error (docs/scaling-out.md)
+    capabilities = kgp.Capabilities(target="exact", distributed_refusal=_DISTRIBUTED_REFUSAL)
+    # legacy flag: read by kgp/models until the fit plan lands
     uses_centers = False
     name = "eigenpro2"
-    #: Why a distributed fit refuses this solver (quoted in the model's error; docs/scaling-out.md).
-    distributed_refusal = (
-        "its n coefficients are one per training row, so every batch would need all ranks' coefficients; "
-        "use solver='eigenpro' with centers (e.g. centers='uniform'), which fits the same kind of model data-parallel"
-    )
+    # legacy flag: read by kgp/models until the fit plan lands
+    distributed_refusal = _DISTRIBUTED_REFUSAL
+
+    def check_options(self, options: dict) -> dict:
+        """The rules between options (:func:`.options.check_options`), run once by :func:`kgp.resolve_options`."""
+        return check_options(f"solver {self.name!r}", options, projection=False)
 
     def fit(self, problem: Problem) -> KernelExpansion:
         owner = f"solver {self.name!r}"
-        opts = merge_options(owner, self.option_defaults, problem.options)
-        average_epochs = resolve_average_epochs(owner, opts)
+        opts = problem.options  # resolved by the core: validated, cross-checked, defaults filled in
+        average_epochs = opts["average_epochs"]
         X, y = problem.X, checked_targets(problem)
         n = X.shape[0]
         s, q = resolve_subsample(owner, n, opts["subsample_size"], opts["q"])

@@ -24,9 +24,10 @@ import time
 import torch
 from torch import Tensor
 
+import kgp
 from kgp import settings
 from kgp.options import Option
-from kgp.plugin import KernelExpansion, Problem, merge_options
+from kgp.plugin import KernelExpansion, Problem
 
 from .budget import ITEMSIZE, block_rows, kernel_diagonal
 from .iterates import EpochLog, TailAverage, checked_targets
@@ -39,7 +40,7 @@ from .nystrom import (
     heldout_curvature,
     nystrom_preconditioner,
 )
-from .options import EIGENPRO3_DEFAULTS, resolve_average_epochs, resolve_subsample
+from .options import EIGENPRO3_DEFAULTS, check_options, resolve_subsample
 from .projection import CholeskyProjection, EigenPro2Projection
 from .rows import Rows
 
@@ -81,14 +82,22 @@ class EigenPro3Solver:
     """
 
     option_defaults: dict[str, Option] = EIGENPRO3_DEFAULTS
+    # the Nystrom estimator on the centers (regularization="ridge"); data-parallel over rows
+    capabilities = kgp.Capabilities(uses_centers=True, target="nystrom", distributed=True)
+    # legacy flag: read by kgp/models until the fit plan lands
     uses_centers = True
+    # legacy flag: read by kgp/models until the fit plan lands
     supports_distributed = True
     name = "eigenpro"
 
+    def check_options(self, options: dict) -> dict:
+        """The rules between options (:func:`.options.check_options`), run once by :func:`kgp.resolve_options`."""
+        return check_options(f"solver {self.name!r}", options, projection=True)
+
     def fit(self, problem: Problem) -> KernelExpansion:
         owner = f"solver {self.name!r}"
-        opts = merge_options(owner, self.option_defaults, problem.options)
-        average_epochs = resolve_average_epochs(owner, opts)
+        opts = problem.options  # resolved by the core: validated, cross-checked, defaults filled in
+        average_epochs = opts["average_epochs"]
         if problem.centers is None:
             raise ValueError("solver 'eigenpro' needs centers (problem.centers is None)")
         Z = problem.centers.points

@@ -1,11 +1,14 @@
 """Declared options of ``eigenpro`` (EigenPro 3.0) and ``eigenpro2`` (EigenPro 2.0), and the rules between them.
 
-Each option is a :class:`kgp.Option`: :func:`kgp.merge_options` validates and normalises it before
-``fit`` with kgp's one message format. Rules that bound one option by another or by the data size
-(``average_epochs <= epochs``, ``subsample_size <= n``, ``q < subsample_size``, and the same for the
-inner projection) are checked in ``fit`` by the ``resolve_*`` helpers below, which raise
-:class:`kgp.options.InvalidOptionError` in that same format. The measurements behind the defaults
-are in docs/solvers/eigenpro.md.
+Each option is a :class:`kgp.Option` in a plain table (:data:`EIGENPRO3_DEFAULTS`,
+:data:`EIGENPRO2_DEFAULTS`); :func:`kgp.resolve_options` validates and normalises them once, before
+any work, with kgp's one message format. Rules between options (``average_epochs <= epochs``,
+``q < subsample_size`` and ``projection_q < projection_subsample_size`` when both are given) are
+:func:`check_options`, which the solvers' ``check_options`` methods run inside that same
+resolution. Only the bounds that depend on the data (``subsample_size <= n``, the level below a
+subsample size chosen from n, ``projection_subsample_size <= p``) are checked in ``fit``
+(:func:`resolve_subsample`), raising :class:`kgp.options.InvalidOptionError` in that same format.
+The measurements behind the defaults are in docs/solvers/eigenpro.md.
 """
 
 from __future__ import annotations
@@ -20,8 +23,8 @@ from .budget import budget_side
 __all__ = [
     "EIGENPRO2_DEFAULTS",
     "EIGENPRO3_DEFAULTS",
+    "check_options",
     "invalid_option",
-    "resolve_average_epochs",
     "resolve_subsample",
 ]
 
@@ -114,14 +117,33 @@ def invalid_option(owner: str, name: str, expected: str, value: Any) -> InvalidO
     return InvalidOptionError(f"{owner} option {name!r}: expected {expected}, got {value!r}")
 
 
-def resolve_average_epochs(owner: str, options: Mapping[str, Any]) -> int:
-    """``average_epochs`` with None resolved to ``epochs // 2``; at most ``epochs``."""
+def check_options(owner: str, options: dict[str, Any], *, projection: bool) -> dict[str, Any]:
+    """The rules between the options of ``eigenpro`` (``projection=True``) or ``eigenpro2``.
+
+    ``average_epochs`` at most ``epochs`` (None resolved to ``epochs // 2``); a level below its
+    subsample size when both are given (``q < subsample_size``; for ``eigenpro`` also
+    ``projection_q < projection_subsample_size``). Idempotent: options it returned pass again.
+
+    Raises
+    ------
+    kgp.options.InvalidOptionError
+        Naming the option, what it accepts given the other, and the value.
+    """
     epochs, average = options["epochs"], options["average_epochs"]
     if average is None:
-        return epochs // 2
-    if average > epochs:
+        options["average_epochs"] = epochs // 2
+    elif average > epochs:
         raise invalid_option(owner, "average_epochs", f"an integer <= epochs={epochs}", average)
-    return average
+    _check_level(owner, options, "subsample_size", "q")
+    if projection:
+        _check_level(owner, options, "projection_subsample_size", "projection_q")
+    return options
+
+
+def _check_level(owner: str, options: Mapping[str, Any], s_name: str, q_name: str) -> None:
+    s, q = options[s_name], options[q_name]
+    if s is not None and q is not None and q >= s:
+        raise invalid_option(owner, q_name, f"an integer < {s_name}={s} or None", q)
 
 
 def resolve_subsample(

@@ -12,29 +12,19 @@ kernel expansion over the centers.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 from torch import Tensor
 
 import kgp
 from kgp.options import Option
-from kgp.plugin import KernelExpansion, Problem, merge_options
+from kgp.plugin import KernelExpansion, Problem
 
 from .cg import conjugate_gradient
 from .precision import DISTANCE_SWITCH, float32_jitter, kernel_resolution
 from .preconditioner import build_preconditioner
 
 __all__ = ["FalkonSolver"]
-
-# the check and wording of "an integer >= 0 or None", reused by residual_every with None normalised to 0
-_COUNT_OR_NONE = Option.integer(None, minimum=0, allow_none=True)
-
-
-def _count_or_zero(value: Any) -> int:
-    """``residual_every``: an integer >= 0, with None meaning 0 (never)."""
-    value = _COUNT_OR_NONE.check(value)
-    return 0 if value is None else value
 
 
 class FalkonSolver:
@@ -98,11 +88,11 @@ class FalkonSolver:
             minimum=0.0,
             help="stop once every output's relative preconditioned residual is <= tol (0: run all maxiter)",
         ),
-        "residual_every": Option(
+        "residual_every": Option.integer(
             10,
+            minimum=0,
+            allow_none=True,
             help="replace the recursive CG residual by the true one every this many iterations (0 or None: never)",
-            expected=_COUNT_OR_NONE.expected,
-            check=_count_or_zero,
         ),
         "jitter": Option.number(
             None,
@@ -140,9 +130,13 @@ class FalkonSolver:
             help="dtype of the kernel's distance GEMM (auto: float64 when float32 values err > 1e-5 on the centers)",
         ),
     }
+    # the Nystrom estimator on the centers; data-parallel (kgp.distributed): the passes sum over ranks
+    # through the sharded operator, the M x M preconditioner is built on every rank (replicated) and
+    # checked to be identical
+    capabilities = kgp.Capabilities(uses_centers=True, target="nystrom", distributed=True)
+    # legacy flag: read by kgp/models until the fit plan lands
     uses_centers = True
-    # data-parallel (kgp.distributed): the passes sum over ranks through the sharded operator, the
-    # M x M preconditioner is built on every rank (replicated) and checked to be identical
+    # legacy flag: read by kgp/models until the fit plan lands
     supports_distributed = True
 
     # ------------------------------------------------------------------ checks
@@ -174,20 +168,20 @@ class FalkonSolver:
     def fit(self, problem: Problem) -> KernelExpansion:
         """Run FALKON (Def. 4) on ``problem``; return the kernel expansion over its centers.
 
+        ``problem.options`` are the resolved options (:func:`kgp.resolve_options`; the model resolves
+        them before any work, a direct call builds them the same way).
+
         Raises
         ------
-        kgp.options.InvalidOptionError
-            (a ValueError) On an invalid option value.
         ValueError
-            On unknown options, missing centers or bad weights.
+            On missing centers or bad weights.
         NotPSDError
             (:class:`kgp.linalg.NotPSDError`) If a factorization that must succeed fails, e.g.
             ``factorization="cholesky"`` on a rank-deficient ``K_MM``.
         FloatingPointError
             If the CG residual becomes non-finite (divergence).
         """
-        # the model merged these already; a direct fit(problem) call gets the same checks (idempotent)
-        opts = merge_options("solver 'falkon'", self.option_defaults, problem.options)
+        opts = problem.options  # resolved by the core (kgp.resolve_options): validated, defaults filled in
         weights = self._check_problem(problem)
         dtype = problem.dtype
         monitor = problem.monitor
@@ -229,7 +223,7 @@ class FalkonSolver:
                 accumulate=torch.float64 if accumulate == "float64" else None,
                 maxiter=opts["maxiter"],
                 tol=opts["tol"],
-                residual_every=opts["residual_every"],
+                residual_every=opts["residual_every"] or 0,  # None: never, as 0
                 monitor=monitor,
                 expansion=expansion,
                 extras=facts,
