@@ -125,3 +125,15 @@ def register_objectives(register) -> None:
     ``kgp.settings.memory_budget.value()`` bytes. The conformance kit
     (:class:`kgp.testing.ObjectiveConformance`) checks all of this.
     """
+
+
+@hookspec(historic=True)
+def register_recipes(register) -> None:
+    """Register recipes by name: what ``solver="auto"`` / ``learn="auto"`` run (:mod:`kgp.recipes`).
+
+    Call ``register(name, recipe)``; ``recipe.choose(request: kgp.recipes.RecipeRequest) ->
+    kgp.recipes.RecipeChoice`` sees the data's shape and the machine's limits (never the data) and names
+    the solver, the number of centers, the objective and their options, with one line of reason each.
+    The estimators ask the recipe named ``"auto"``; kgp's built-in one (``kgp_builtins.recipes``) holds
+    the measured rule, and a built-in name always wins over a third party's.
+    """

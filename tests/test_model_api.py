@@ -115,7 +115,12 @@ BAD_PARAMS = [
     ({"kernel": 3}, TypeError, "kernel: expected a gpytorch.kernels.Kernel"),
     ({"solver": "nope"}, ValueError, "unknown solver 'nope'; available solvers"),
     ({"solver": 3}, TypeError, "solver: expected a plugin name"),
-    ({"solver_options": {"maxiter": 3}}, ValueError, r"unknown option\(s\) \['maxiter'\] for solver 'exact'"),
+    ({"solver_options": {"maxiter": 3}}, ValueError, r"solver_options: given with solver='auto'"),
+    (
+        {"solver": "exact", "solver_options": {"maxiter": 3}},
+        ValueError,
+        r"unknown option\(s\) \['maxiter'\] for solver 'exact'",
+    ),
     ({"solver_options": [1]}, TypeError, "solver_options: expected a dict"),
     ({"dtype": "float16"}, TypeError, "dtype: expected None, 'float32' or 'float64'"),
     ({"n_centers": 0}, ValueError, "n_centers: expected a positive integer"),

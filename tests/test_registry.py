@@ -110,7 +110,7 @@ def test_runtime_plugin_with_a_misspelt_hook_is_refused_with_the_closest_hook():
     assert str(info.value) == (
         "kgp plugin 'misspelt_plugin' implements hook 'register_selector' (did you mean 'register_selectors'?), "
         "which kgp does not define (kgp's hooks: register_solvers, register_selectors, register_predictors, "
-        "register_objectives) and was not registered"
+        "register_objectives, register_recipes) and was not registered"
     )
     assert info.value.failure.stage == "unknown-hook" and info.value.__cause__ is None
     # nothing kept: neither its valid hook's names nor its plugin name

@@ -395,7 +395,7 @@ def test_entry_point_with_a_misspelt_hook_is_skipped_naming_the_closest_hook(fre
     expected = (
         "kgp plugin 'typo' (entry point 'kgp_t_typo' of distribution kgp-typo) implements hook 'register_solver' "
         "(did you mean 'register_solvers'?), which kgp does not define (kgp's hooks: register_solvers, "
-        "register_selectors, register_predictors, register_objectives) and was skipped"
+        "register_selectors, register_predictors, register_objectives, register_recipes) and was skipped"
     )
     assert warned == [expected]
     [failure] = reg.load_failures

@@ -8,7 +8,7 @@ looks a plugin up or validates an option again.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -22,7 +22,7 @@ from ..kernels import KERNEL_SHORTCUTS
 from ..learning.loop import split_learn_options
 from ..options import ResolvedOptions, resolve_options
 from ..recipes import RecipeChoice, RecipeRequest
-from ..registry import UnknownPluginError, get_objective, get_selector, get_solver
+from ..registry import UnknownPluginError, registry
 from ..validation import check_n_centers, check_positive, resolve_dtype
 
 __all__ = ["DEFAULT_SELECTOR", "DEFAULT_SOLVER", "FitPlan", "PluginChoice", "RandomStreams", "resolve_plan"]
@@ -182,7 +182,7 @@ def _check_scalars(params: Mapping[str, Any]) -> None:
         raise TypeError(f"learn: expected an objective plugin name (str), 'auto' or None, got {params['learn']!r}")
     resolve_dtype(params["dtype"])
     check_device(params["device"])
-    _switches(params, learning=params["learn"] is not None)
+    switches(params, learning=params["learn"] is not None)
 
 
 def _recipe_choice(params: Mapping[str, Any], shape: DataShape, auto_solver: bool, auto_learn: bool) -> RecipeChoice:
@@ -205,7 +205,14 @@ def _recipe_choice(params: Mapping[str, Any], shape: DataShape, auto_solver: boo
         or not (params["centers"] is None or isinstance(params["centers"], str)),
         kernel_has_lengthscale=not (isinstance(kernel, str) and kernel.lower() == "linear"),
     )
-    choice = get_recipe(AUTO).choose(request)
+    try:
+        recipe = get_recipe(AUTO)
+    except UnknownPluginError as exc:
+        raise UnknownPluginError(
+            f"{exc}. solver='auto' and learn='auto' ask the recipe 'auto' (kgp's own, kgp_builtins.recipes): "
+            "name a solver and an objective instead, or let kgp's built-in plugins load"
+        ) from None
+    choice = recipe.choose(request)
     if not isinstance(choice, RecipeChoice):
         raise TypeError(
             f"recipe {AUTO!r}: choose() must return a kgp.recipes.RecipeChoice, got {type(choice).__name__}"
@@ -237,10 +244,10 @@ def _assemble(params: Mapping[str, Any]) -> FitPlan:
     n_centers = check_n_centers(params["n_centers"])
     dtype = resolve_dtype(params["dtype"])
     device = check_device(params["device"])
-    solver = _choice("solver", params["solver"], _named(get_solver, DEFAULT_SOLVER, "solver=<name>"))
+    solver = _choice("solver", params["solver"])
     solver = _with_options(solver, params["solver_options"])
     objective, learn_options = _learning(params)
-    switches = _switches(params, learning=objective is not None)
+    resolved_switches = switches(params, learning=objective is not None)
     uses_centers = solver.capabilities.uses_centers or (objective is not None and objective.capabilities.uses_centers)
     selector, explicit = None, None
     centers = params["centers"]
@@ -251,8 +258,9 @@ def _assemble(params: Mapping[str, Any]) -> FitPlan:
                 "leave centers and n_centers as None"
             )
     elif centers is None or isinstance(centers, str):
-        getter = get_selector if centers else _named(get_selector, DEFAULT_SELECTOR, "centers=<selector name or array>")
-        selector = _with_options(_choice("selector", centers or DEFAULT_SELECTOR, getter), params["selector_options"])
+        default = None if centers else DEFAULT_SELECTOR
+        choice = _choice("selector", centers or DEFAULT_SELECTOR, default, "centers=<selector name or array>")
+        selector = _with_options(choice, params["selector_options"])
     elif isinstance(centers, (Tensor, np.ndarray, list)):
         explicit = centers
     else:
@@ -269,11 +277,11 @@ def _assemble(params: Mapping[str, Any]) -> FitPlan:
         noise=float(params["noise"]),
         dtype=dtype,
         device=device,
-        **switches,
+        **resolved_switches,
     )
 
 
-def _switches(params: Mapping[str, Any], learning: bool) -> dict[str, bool]:
+def switches(params: Mapping[str, Any], learning: bool) -> dict[str, bool]:
     """``ard``, ``normalize_y`` and ``normalize_X``: True, False, or None (True exactly when learning)."""
     out = {}
     for name in ("ard", "normalize_y", "normalize_X"):
@@ -296,15 +304,27 @@ def _learning(params: Mapping[str, Any]) -> tuple[PluginChoice | None, dict[str,
     learn, given = params["learn"], params["learn_options"]
     if learn is None:
         return None, {}
-    objective = get_objective(learn)
-    _, own = split_learn_options(learn, objective, given)  # unknown keys and bad values fail here
-    choice = PluginChoice("objective", learn, objective, ResolvedOptions(f"objective {learn!r}", own), _caps(objective))
+    info = registry.get("objective", learn)
+    _, own = split_learn_options(learn, info.obj, given)  # unknown keys and bad values fail here
+    choice = PluginChoice("objective", learn, info.obj, ResolvedOptions(f"objective {learn!r}", own), _caps(info))
     return choice, dict(given or {})
 
 
-def _choice(kind: str, name: str, getter: Callable[[str], Any]) -> PluginChoice:
-    plugin = getter(name)
-    return PluginChoice(kind, name, plugin, ResolvedOptions(f"{kind} {name!r}", {}), _caps(plugin))
+def _choice(kind: str, name: str, default: str | None = None, argument: str = "") -> PluginChoice:
+    """The registered plugin ``name`` of ``kind`` with its checked capabilities.
+
+    ``default``: the name the parameter defaults to; an unknown default says so (KGP_PLUGINS may have
+    left it out) and names the ``argument`` that picks another.
+    """
+    try:
+        info = registry.get(kind, name)
+    except UnknownPluginError as exc:
+        if default is None or name != default:
+            raise
+        raise UnknownPluginError(
+            f"{exc}. The default {kind} is {default!r}: pass {argument} explicitly to use another one"
+        ) from None
+    return PluginChoice(kind, name, info.obj, ResolvedOptions(f"{kind} {name!r}", {}), _caps(info))
 
 
 def _with_options(choice: PluginChoice, given: Mapping[str, Any] | None) -> PluginChoice:
@@ -312,30 +332,12 @@ def _with_options(choice: PluginChoice, given: Mapping[str, Any] | None) -> Plug
     return PluginChoice(choice.kind, choice.name, choice.plugin, options, choice.capabilities)
 
 
-def _caps(plugin: Any) -> Capabilities:
-    caps = getattr(plugin, "capabilities", None)
-    if caps is None:  # TEMPORARY until the built-ins declare capabilities (contract branch)
-        caps = _legacy(plugin)
+def _caps(info: Any) -> Capabilities:
+    """The capabilities the registry checked when the plugin registered."""
+    caps = info.capabilities
     if not isinstance(caps, Capabilities):
-        raise TypeError(f"plugin {type(plugin).__name__}: capabilities must be a kgp.Capabilities")
+        raise TypeError(f"{info.kind} {info.name!r}: capabilities must be a kgp.Capabilities")
     return caps
-
-
-def _named(getter: Callable[[str], Any], default: str, argument: str) -> Callable[[str], Any]:
-    """``getter`` whose unknown-name error says the name was a default (KGP_PLUGINS may leave it out)."""
-
-    def get(name: str) -> Any:
-        try:
-            return getter(name)
-        except UnknownPluginError as exc:
-            if name != default:
-                raise
-            kind = "solver" if argument.startswith("solver") else "selector"
-            raise UnknownPluginError(
-                f"{exc}. The default {kind} is {default!r}: pass {argument} explicitly to use another one"
-            ) from None
-
-    return get
 
 
 def check_device(device: Any) -> torch.device | None:
@@ -349,18 +351,3 @@ def check_device(device: Any) -> torch.device | None:
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device: {device!r} requested, but CUDA is not available to this torch ({torch.__version__})")
     return resolved
-
-
-def _legacy(plugin: Any) -> Capabilities:  # TEMPORARY: removed when the contract branch lands
-    exact = getattr(plugin, "exact_posterior", False)
-    centers = getattr(plugin, "uses_centers", False)
-    target = "exact" if exact else ("nystrom" if centers else "mean_only")
-    return Capabilities(
-        uses_centers=bool(centers),
-        target=target,
-        needs_grad=bool(getattr(plugin, "needs_grad", False)),
-        distributed=bool(getattr(plugin, "supports_distributed", False)),
-        distributed_refusal=getattr(plugin, "distributed_refusal", None),
-        partial_fit=hasattr(plugin, "partial_fit"),
-        loop_defaults=dict(getattr(plugin, "loop_defaults", None) or {}),
-    )

@@ -26,7 +26,7 @@ from torch import Tensor
 from .. import distributed as _dist
 from ..diagnostics import not_fitted
 from ..fitting import RandomStreams, TrainingRows, resolve_plan, run
-from ..fitting.plan import DataShape, FitPlan, check_device
+from ..fitting.plan import DataShape, FitPlan, check_device, switches
 from ..fitting.rows import broadcast_seed, comm_for
 from ..fitting.stages import FitResult, scale_inputs, scale_targets
 from ..kernels import make_kernel
@@ -232,10 +232,10 @@ class BaseKernelModel(SklearnProtocol):
     def _build_kernel(
         self, dtype: torch.dtype, device, n_features: int | None = None, plan: FitPlan | None = None
     ) -> gpytorch.kernels.Kernel:
-        plan = plan if plan is not None else resolve_plan(self.get_params())
+        ard = plan.ard if plan is not None else switches(self.get_params(), learning=self.learn is not None)["ard"]
         if isinstance(self.kernel, str):
             kernel = make_kernel(self.kernel, self.lengthscale)
-            if plan.ard and n_features is not None:
+            if ard and n_features is not None:
                 # one lengthscale per input dimension, all starting at the given value
                 ard_kernel = type(kernel)(ard_num_dims=n_features, **_kernel_kwargs(kernel))
                 ard_kernel.lengthscale = kernel.lengthscale.detach().expand(1, n_features)

@@ -132,13 +132,19 @@ class solver_method:
     def __get__(self, obj, owner=None):
         if obj is None:
             return self.method
-        from ..registry import get_solver
+        from ..registry import registry
 
+        if obj.solver == "auto":
+            # the recipe picks a solver from the whole training set: never a streaming fit
+            raise AttributeError(
+                f"{type(obj).__name__}.{self.name}: solver='auto' does not stream; name a streaming solver "
+                "(e.g. solver='dsg')"
+            )
         try:
-            solver = get_solver(obj.solver) if isinstance(obj.solver, str) else None
+            capabilities = registry.get("solver", obj.solver).capabilities if isinstance(obj.solver, str) else None
         except Exception:  # noqa: BLE001 - an attribute lookup may raise only AttributeError; the call reports it
-            solver = None
-        if solver is not None and not hasattr(solver, self.name):
+            capabilities = None
+        if capabilities is not None and not capabilities.partial_fit:
             raise AttributeError(
                 f"{type(obj).__name__}.{self.name}: solver {obj.solver!r} does not support {self.name}; "
                 "choose a streaming solver (e.g. solver='dsg')"

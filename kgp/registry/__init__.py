@@ -51,6 +51,7 @@ __all__ = [
     "Registry",
     "UnknownPluginError",
     "get_objective",
+    "get_recipe",
     "get_predictor_class",
     "get_selector",
     "get_solver",
@@ -295,6 +296,11 @@ def get_predictor_class(kind: str):
 def get_objective(name: str):
     """Return the hyperparameter objective registered under ``name`` (error lists the available ones)."""
     return registry.get("objective", name).obj
+
+
+def get_recipe(name: str):
+    """Return the recipe registered under ``name`` (:mod:`kgp.recipes`; error lists the available ones)."""
+    return registry.get("recipe", name).obj
 
 
 def register(plugin: ModuleType | object, name: str | None = None) -> str:

@@ -63,6 +63,10 @@ def check_registration(info: PluginInfo) -> PluginInfo:
     ContractError
         Saying what is wrong and how to fix it.
     """
+    if info.kind == "recipe":  # a recipe declares no capabilities: it only chooses
+        if not callable(getattr(info.obj, "choose", None)):
+            raise ContractError("has no choose(request) method (kgp.recipes.Recipe)")
+        return info
     if info.kind not in _METHOD:  # predictor kinds declare no capabilities
         return info
     obj, kind = info.obj, info.kind

@@ -22,7 +22,7 @@ __all__ = [
 ]
 
 OWN_DISTRIBUTION = "kgp"
-KINDS = ("solver", "selector", "predictor", "objective")
+KINDS = ("solver", "selector", "predictor", "objective", "recipe")
 HOOK_NAMES: tuple[str, ...] = tuple(f"register_{kind}s" for kind in KINDS)
 """Every hook a plugin may implement (the specs of :mod:`kgp.hookspecs`), in :data:`KINDS` order."""
 

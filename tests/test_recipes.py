@@ -1,0 +1,112 @@
+"""solver='auto' and learn='auto': the built-in recipe's choices, reported in recipe_ (issue 23 item 1)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from kgp_builtins.recipes.rule import LBFGS_EVALUATIONS, MAX_CENTERS, SUBSET, exact_limit, nystrom_centers
+
+import kgp
+from kgp.recipes import RecipeChoice, RecipeRequest
+
+rng = np.random.default_rng(11)
+X = rng.uniform(-2, 2, size=(300, 3))
+Y = np.sin(X[:, 0]) + 0.3 * X[:, 1] + 0.05 * rng.normal(size=300)
+XQ = rng.uniform(-2, 2, size=(20, 3))
+
+
+def _request(n, budget=4 * 2**30, max_exact=20_000, dtype=torch.float64, **kw):
+    base = dict(
+        n=n,
+        d=5,
+        k=1,
+        dtype=dtype,
+        device=torch.device("cpu"),
+        memory_budget=budget,
+        max_exact_size=max_exact,
+        distributed=False,
+        solver_auto=True,
+        learn_auto=True,
+    )
+    return RecipeRequest(**{**base, **kw})
+
+
+def test_the_rule_in_closed_form():
+    # exact while n^2 itemsize fits the budget and max_exact_size
+    assert exact_limit(_request(10, budget=8 * 10_000**2)) == 10_000
+    assert exact_limit(_request(10, budget=4 * 10_000**2, dtype=torch.float32)) == 10_000
+    assert exact_limit(_request(10, budget=2**40, max_exact=123)) == 123
+    # centers: five float64 M x M arrays in the budget, at most MAX_CENTERS, at most n
+    assert nystrom_centers(_request(10**6, budget=40 * 9_000**2)) == 9_000
+    assert nystrom_centers(_request(10**6, budget=2**40)) == MAX_CENTERS
+    assert nystrom_centers(_request(5_000, budget=2**40)) == 5_000
+    recipe = kgp.registry.get_recipe("auto")
+    small = recipe.choose(_request(1_000))
+    assert small.solver == "exact" and small.n_centers is None and small.learn == "exact"
+    assert small.learn_options == {"optimizer": "lbfgs", "iterations": LBFGS_EVALUATIONS}  # n <= SUBSET: all rows
+    big = recipe.choose(_request(100_000, budget=40 * 12_000**2))
+    assert big.solver == "falkon" and big.n_centers == 12_000
+    assert big.learn_options == {"optimizer": "lbfgs", "iterations": LBFGS_EVALUATIONS, "subset": SUBSET}
+    assert set(big.reasons) == {"solver", "n_centers", "learn"}
+    given = recipe.choose(_request(1_000, uses_centers_explicitly=True))
+    assert given.solver == "falkon" and given.n_centers is None  # the user's centers are kept
+    sharded = recipe.choose(_request(1_000, distributed=True))
+    assert sharded.solver == "falkon" and sharded.learn_options["subset"] == 1_000
+
+
+def test_solver_auto_is_the_exact_solve_on_small_data_and_says_why():
+    auto = kgp.KernelRegressor("rbf", lengthscale=0.9, noise=0.05).fit(X, Y)
+    exact = kgp.KernelRegressor("rbf", lengthscale=0.9, noise=0.05, solver="exact").fit(X, Y)
+    assert auto.solver_name_ == "exact" and auto.recipe_["solver"] == "exact"
+    assert "fits the memory budget" in auto.recipe_["reasons"]["solver"]
+    np.testing.assert_array_equal(auto.predict(XQ), exact.predict(XQ))
+    assert exact.recipe_ is None
+
+
+def test_solver_auto_moves_to_falkon_above_the_exact_limit():
+    with kgp.settings.max_exact_size(200), kgp.settings.memory_budget(40 * 150**2):
+        model = kgp.KernelRegressor("rbf", lengthscale=0.9, noise=0.05, random_state=0).fit(X, Y)
+    assert model.solver_name_ == "falkon" and model.recipe_["n_centers"] == 150 == model.centers_.shape[0]
+    assert "n = 300 > 200" in model.recipe_["reasons"]["solver"]
+    # the same as naming the choice: falkon on 150 uniform centers
+    named = kgp.KernelRegressor("rbf", lengthscale=0.9, noise=0.05, random_state=0, solver="falkon", n_centers=150)
+    np.testing.assert_array_equal(model.predict(XQ), named.fit(X, Y).predict(XQ))
+
+
+def test_learn_auto_is_the_exact_likelihood_by_lbfgs_and_user_options_win():
+    model = kgp.KernelRegressor("rbf", learn="auto", random_state=0, learn_options={"iterations": 7}).fit(X, Y)
+    assert model.recipe_["learn"] == "exact" and model.recipe_["learn_options"]["optimizer"] == "lbfgs"
+    assert len(model.learn_history_) <= 7  # the user's budget, not the recipe's
+    assert model.posterior_.input_scaling is not None and model.kernel_.base_kernel.lengthscale.shape == (1, 3)
+    named = kgp.KernelRegressor(
+        "rbf", learn="exact", random_state=0, solver="exact", learn_options={"optimizer": "lbfgs", "iterations": 7}
+    ).fit(X, Y)
+    np.testing.assert_allclose(model.predict(XQ), named.predict(XQ), rtol=1e-12, atol=1e-12)
+
+
+def test_auto_refuses_what_it_cannot_decide():
+    with pytest.raises(ValueError, match="solver_options: given with solver='auto'"):
+        kgp.KernelRegressor(solver_options={"maxiter": 3}).fit(X, Y)
+    assert not hasattr(kgp.KernelRegressor(), "partial_fit")  # the recipe never streams
+    with pytest.raises(AttributeError, match="solver='auto' does not stream"):
+        kgp.KernelRegressor().partial_fit(X, Y)
+    with pytest.raises(ValueError, match="unknown option"):
+        kgp.KernelRegressor(learn="auto", learn_options={"iteratons": 3}).fit(X, Y)
+
+
+def test_a_recipe_that_answers_badly_is_named(monkeypatch):
+    class Lazy:
+        def choose(self, request):
+            return RecipeChoice(solver=None)
+
+    monkeypatch.setattr(kgp.registry, "get_recipe", lambda name: Lazy())
+    with pytest.raises(TypeError, match="left solver='auto' undecided"):
+        kgp.KernelRegressor().fit(X, Y)
+
+
+def test_the_memory_rule_follows_the_setting():
+    budget = 40 * 20_000**2
+    assert nystrom_centers(_request(10**6, budget=budget)) == min(MAX_CENTERS, math.isqrt(budget // 40))
