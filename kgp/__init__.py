@@ -10,7 +10,8 @@ Solvers and center selectors are plugins picked by name (``kgp plugins`` lists t
 :mod:`kgp.hookspecs` for the plugin contract.
 """
 
-from . import settings
+# datasets (numpy only) and plot (matplotlib imported on first use) cost nothing at import
+from . import datasets, plot, settings
 from ._version import __version__
 from .capabilities import Capabilities
 from .diagnostics import ConvergenceWarning, DivergenceError, IllConditionedError, NotFittedError
@@ -42,6 +43,7 @@ __all__ = [
     "Problem",
     "SelectionRequest",
     "__version__",
+    "datasets",
     "default_n_centers",
     "from_gpytorch",
     "get_selector",
@@ -51,6 +53,7 @@ __all__ = [
     "list_plugins",
     "load",
     "merge_options",
+    "plot",
     "register",
     "resolve_options",
     "settings",
