@@ -785,6 +785,14 @@ def _normalize(Y: Tensor, normalize: bool, shard: _dist.Shard | None = None) -> 
         std = Y.std(0, correction=0)
     else:
         std = shard.all_reduce_((Y - mean).square().sum(0)).div_(shard.n_total).sqrt_()
+    if not (bool(torch.isfinite(mean).all()) and bool(torch.isfinite(std).all())):
+        # the squared deviations overflow (|y| above ~1e154 in float64): std inf, every
+        # prediction NaN (issue 25); the caller can rescale, kgp cannot pick the constant for them
+        raise ValueError(
+            f"y: normalize_y=True cannot standardize targets of magnitude {float(Y.abs().max()):.3g}: their "
+            f"{'mean' if not bool(torch.isfinite(mean).all()) else 'standard deviation'} overflows "
+            f"{str(Y.dtype).replace('torch.', '')}; divide y by a constant (e.g. its largest magnitude) first"
+        )
     std = torch.where(std > 0, std, torch.ones_like(std))
     return (Y - mean) / std, {"y_train_mean": mean, "y_train_std": std}
 
