@@ -51,6 +51,25 @@ _CLI_WORDS = [
     (re.compile(r"\blearn_options\['(\w+)'\]"), r"--learn-option \1=VALUE"),
     (re.compile(r"\brandom_state\b"), "--seed"),
     (re.compile(r"^(noise|lengthscale|kernel|dtype|device|centers):"), r"--\1:"),
+    # messages that start with the part at fault: name its flag first
+    (re.compile(r"^solver '([^']*)' option '([^']*)'"), r"--option \2 (solver \1)"),
+    (re.compile(r"^selector '([^']*)' option '([^']*)'"), r"--selector-option \2 (selector \1)"),
+    (re.compile(r"^(?:learn|objective) '([^']*)' option '([^']*)'"), r"--learn-option \2 (learn \1)"),
+    (re.compile(r"^(unknown option\(s\) .*? for solver ')"), r"--option: \1"),
+    (re.compile(r"^(unknown option\(s\) .*? for selector ')"), r"--selector-option: \1"),
+    (re.compile(r"^(unknown option\(s\) .*? for (?:learn|objective) ')"), r"--learn-option: \1"),
+    (re.compile(r"^unknown solver '"), "--solver: unknown solver '"),
+    (re.compile(r"^unknown selector '"), "--centers: unknown selector '"),
+    (re.compile(r"^unknown objective '"), "--learn: unknown objective '"),
+    (re.compile(r"^solver '([^']*)'"), r"--solver \1"),
+    (re.compile(r"^selector '([^']*)'"), r"--centers \1"),
+    (re.compile(r"^(?:learn|objective) '([^']*)'"), r"--learn \1"),
+    (re.compile(r"^learn_options:"), "--learn-option:"),
+    (re.compile(r"\bwithout learn\b"), "without --learn"),
+    (re.compile(r"\blearn='(\w+)'"), r"--learn \1"),
+    (re.compile(r"^X:"), "--data:"),
+    (re.compile(r"^y:"), "--target:"),
+    (re.compile(r"\buse KernelRegressor for continuous targets"), "leave out --classify for continuous targets"),
 ]
 
 # Advice to use float64 as the plugins' numerical errors give it ("..., or float64", "... or use float64",
@@ -210,6 +229,11 @@ def _cmd_predict(args) -> int:
 
     if args.out:
         _check_out(args.out)
+    # kgp.load moves tensors to the device without checking it: torch without CUDA raises a bare
+    # AssertionError for "cuda:0"; the estimators' own check names the device
+    from .models.base import _check_device
+
+    _check_device(args.device)
     if not Path(args.model).exists():
         raise FileNotFoundError(f"--model: no such file {args.model}")
     if Path(args.model).is_dir():
