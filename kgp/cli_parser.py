@@ -15,12 +15,13 @@ from .cli_data import HEADER_CHOICES
 
 __all__ = ["THREADS_ADVICE", "apply_threads", "build_parser"]
 
-# measured on this project's 2-core development host (docs/guarantees.md, "Threads"): learning steps
-# with torch's default of 2 threads against 1 thread, beside one other busy process
+# measured with benchmarks/bench_threads.py on a 2-core host (docs/guarantees.md, "Threads")
 THREADS_ADVICE = (
-    "torch uses one thread per core by default; on a host where other processes keep the cores busy, "
-    "--threads 1 (or fewer threads than idle cores) is much faster: 2.3x (sgpr learning) to 3.1x (FALKON) "
-    "with one competing process on 2 cores; on an idle host the default is fastest"
+    "torch runs one thread per core by default; the kgp command sets OMP_WAIT_POLICY=PASSIVE unless the "
+    "environment sets it, and with it that default was as fast as 1 thread beside another busy process "
+    "(0.8-1.0x the time on 2 cores); with spinning threads (OMP_WAIT_POLICY unset, as in a Python script) "
+    "the same busy process made it 2.0-2.5x slower than 1 thread. On a host whose cores other work keeps "
+    "busy, try --threads 1"
 )
 
 _KINDS = {"{solvers}": "solver", "{selectors}": "selector", "{objectives}": "objective"}

@@ -442,3 +442,31 @@ def test_threads_fit_distinct_estimators_under_their_own_settings(jobs):
             np.testing.assert_allclose(have, want, rtol=1e-9, atol=1e-9 * float(np.abs(want).max()))
             event("same as alone")
     assert kgp.settings.max_exact_size.value() == 20_000 and kgp.settings.block_rows.value() is None
+
+
+@pytest.mark.parametrize("solver", ["exact", "falkon"])
+def test_one_fitted_estimator_predicts_from_several_threads(solver):
+    """Mean and std (its factors computed on first use, possibly by several threads at once) as alone."""
+    options = {"n_centers": 20, "random_state": 0} if solver == "falkon" else {}
+    fresh = [kgp.KernelRegressor(noise=0.05, solver=solver, **options).fit(X, Y) for _ in range(2)]
+    want_mean, want_std = fresh[0].predict(X, return_std=True)
+    shared = fresh[1]  # its variance factors are not computed yet
+    start = threading.Barrier(4, timeout=60)
+    got, errors = [], []
+
+    def run():
+        try:
+            start.wait()
+            got.append(shared.predict(X, return_std=True))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors and len(got) == 4, errors
+    for mean, std in got:
+        np.testing.assert_allclose(mean, want_mean, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(std, want_std, rtol=1e-10, atol=1e-12)
