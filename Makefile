@@ -24,6 +24,7 @@ NUMERIC_TESTS ?= tests/test_operator.py tests/test_operator_linop.py tests/test_
 # MKL's conditional-numerical-reproducibility path for every CPU (no AVX2 / AVX-512 kernels), one thread
 NUMERIC_ENV ?= MKL_CBWR=COMPATIBLE MKL_NUM_THREADS=1 OMP_NUM_THREADS=1
 NUMERIC_EXCLUDE ?=
+NUMERIC_PYTEST_ARGS ?=
 
 .PHONY: demo test test-fast test-numerics lint bench-backend install
 
@@ -45,7 +46,7 @@ test: $(VENV)/.installed
 	$(BIN)/python -m pytest -ra -q
 
 test-numerics: $(VENV)/.installed
-	env $(NUMERIC_ENV) $(BIN)/python -m pytest -ra -q $(filter-out $(NUMERIC_EXCLUDE),$(NUMERIC_TESTS))
+	env $(NUMERIC_ENV) $(BIN)/python -m pytest -ra -q $(NUMERIC_PYTEST_ARGS) $(filter-out $(NUMERIC_EXCLUDE),$(NUMERIC_TESTS))
 
 test-fast: $(VENV)/.installed
 	$(BIN)/python -m pytest -ra -q -m "not slow"
