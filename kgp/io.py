@@ -46,8 +46,8 @@ __all__ = [
 ]
 
 FORMAT = "kgp-model"
-FORMAT_VERSION = 2  # 2: adds "checksum"; version-1 files (no checksum) are still read
-_READABLE = (1, 2)
+FORMAT_VERSION = 3  # 2: adds "checksum"; 3: the Posterior layout (kgp.models.persistence); 1 and 2 still read
+_READABLE = (1, 2, 3)
 
 
 class ModelFileError(ValueError):

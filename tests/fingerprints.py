@@ -91,6 +91,7 @@ CASES: dict[str, tuple[dict, bool, dict]] = {
             ard=True,
             learn="exact",
             normalize_y=True,
+            normalize_X=False,
             random_state=9,
             learn_options={"iterations": 15},
         ),
@@ -103,6 +104,9 @@ CASES: dict[str, tuple[dict, bool, dict]] = {
             n_centers=70,
             solver_options=_CG,
             learn="exact",
+            ard=False,
+            normalize_y=False,
+            normalize_X=False,
             random_state=10,
             learn_options={"iterations": 12, "subset": 150, "refit_subset": 120},
         ),
@@ -117,6 +121,7 @@ CASES: dict[str, tuple[dict, bool, dict]] = {
             ard=True,
             learn="sgpr",
             normalize_y=True,
+            normalize_X=False,
             random_state=11,
             learn_options={"iterations": 12, "optimizer": "adam"},
         ),
@@ -129,9 +134,18 @@ CASES: dict[str, tuple[dict, bool, dict]] = {
             n_centers=40,
             solver_options=_CG,
             learn="holdout",
+            ard=False,
+            normalize_y=False,
+            normalize_X=False,
             random_state=12,
             learn_options={"iterations": 10, "optimizer": "adam"},
         ),
+        True,
+        {},
+    ),
+    # the GP defaults since normalize_X (issue 27): ARD, normalize_y and normalize_X on when learning
+    "learn_exact_gp_defaults": (
+        dict(solver="exact", learn="exact", random_state=13, learn_options={"iterations": 15}),
         True,
         {},
     ),
@@ -140,7 +154,16 @@ CASES: dict[str, tuple[dict, bool, dict]] = {
 
 # cases whose result moves by more than rounding on another BLAS code path (see the module docstring)
 SENSITIVE = frozenset(
-    {"falkon_bless_r", "learn_exact", "learn_exact_subset_refit", "learn_sgpr", "learn_holdout", "eigenpro", "dsg"}
+    {
+        "falkon_bless_r",
+        "learn_exact",
+        "learn_exact_gp_defaults",
+        "learn_exact_subset_refit",
+        "learn_sgpr",
+        "learn_holdout",
+        "eigenpro",
+        "dsg",
+    }
 )
 
 

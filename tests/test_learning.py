@@ -41,7 +41,12 @@ def _ard_kernel(d: int = 3):
 def test_exact_learning_recovers_known_ard_lengthscales():
     X, y = _gp_draw(800, TRUE_LENGTHSCALES, seed=0)
     model = kgp.KernelRegressor(
-        "rbf", ard=True, learn="exact", learn_options={"optimizer": "lbfgs", "iterations": 60}, noise=0.1
+        "rbf",
+        ard=True,
+        learn="exact",
+        learn_options={"optimizer": "lbfgs", "iterations": 60},
+        noise=0.1,
+        normalize_X=False,  # the lengthscales in X's own units, to compare with the truth
     ).fit(X, y)
     learned = model.kernel_.base_kernel.lengthscale.detach().reshape(-1)
     error = (learned / torch.tensor(TRUE_LENGTHSCALES, dtype=torch.float64) - 1).abs()
@@ -104,6 +109,7 @@ def test_model_fit_with_learn_equals_a_fixed_fit_with_the_learned_values():
         n_centers=60,
         solver="falkon",
         normalize_y=True,
+        normalize_X=False,  # the fit by hand below uses the kernel on X as given
         random_state=0,
         learn_options={"iterations": 30},
         solver_options={"maxiter": 100},
@@ -253,15 +259,17 @@ def test_bad_input_errors():
         kgp.KernelRegressor(gpytorch.kernels.RBFKernel(), ard=True).fit(X, y)
     with pytest.raises(ValueError, match="learn_options: given without learn"):
         kgp.KernelRegressor("rbf", learn_options={"iterations": 3}).fit(X, y)
-    with pytest.raises(TypeError, match="normalize_y: expected True or False"):
+    with pytest.raises(TypeError, match="normalize_y: expected True, False or None"):
         kgp.KernelRegressor("rbf", normalize_y="yes").fit(X, y)
-    with pytest.raises(ValueError, match="partial_fit: learn and normalize_y need the whole training set"):
+    with pytest.raises(ValueError, match="partial_fit: learn, normalize_y and normalize_X need the whole training set"):
         kgp.KernelRegressor("rbf", solver="dsg", learn="exact").partial_fit(X, y)
 
 
 def test_learned_kernel_drops_into_a_gpytorch_model():
     X, y = _gp_draw(100, [0.6], seed=8)
-    model = kgp.KernelRegressor("rbf", learn="exact", learn_options={"iterations": 20}).fit(X, y)
+    model = kgp.KernelRegressor(
+        "rbf", learn="exact", normalize_X=False, normalize_y=False, learn_options={"iterations": 20}
+    ).fit(X, y)
     likelihood = gpytorch.likelihoods.GaussianLikelihood().double()
     likelihood.noise = model.noise_
 

@@ -56,7 +56,7 @@ def _load_error(path) -> str:
 def test_round_trip_is_exact_and_checksummed(saved):
     root, reg, clf = saved
     state = _state(root / "reg.pt")
-    assert state["format_version"] == 2 and state["checksum"] == io.checksum(state)
+    assert state["format_version"] == 3 and state["checksum"] == io.checksum(state)
     np.testing.assert_array_equal(kgp.load(root / "reg.pt").predict(X), reg.predict(X))
     np.testing.assert_array_equal(kgp.load(root / "clf.pt").predict_proba(X), clf.predict_proba(X))
 
@@ -88,7 +88,7 @@ def test_a_flipped_byte_in_a_tensor_is_caught_by_the_checksum(saved, tmp_path):
     raw[at + len(alpha) // 2] ^= 0x10
     (tmp_path / "flipped.pt").write_bytes(bytes(raw))
     assert (
-        torch.load(tmp_path / "flipped.pt", weights_only=True)["predictor_state"]["alpha"] is not None
+        torch.load(tmp_path / "flipped.pt", weights_only=True)["posterior"]["predictor"]["alpha"] is not None
     )  # torch takes it
     assert "checksum mismatch" in _load_error(tmp_path / "flipped.pt")
 
@@ -108,21 +108,26 @@ def test_a_swapped_kernel_spec_is_caught(saved, tmp_path):
     assert "inconsistent model file" in _load_error(_rewrite(tmp_path, scaled))
 
 
+def _predictor(state: dict) -> dict:
+    return state["posterior"]["predictor"]
+
+
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
-        (lambda s: s["predictor_state"].__setitem__("alpha", s["predictor_state"]["alpha"] * np.nan), "contains NaN"),
-        (lambda s: s["predictor_state"].__setitem__("centers", s["predictor_state"]["centers"] * np.inf), "infinite"),
+        (lambda s: _predictor(s).__setitem__("alpha", _predictor(s)["alpha"] * np.nan), "contains NaN"),
+        (lambda s: _predictor(s).__setitem__("centers", _predictor(s)["centers"] * np.inf), "infinite"),
         (lambda s: s["params"].__setitem__("noise", -1.0), "params.noise must be a finite positive number"),
         (lambda s: s["params"].__setitem__("dtype", "float99"), "params.dtype must be one of float32, float64"),
         (lambda s: s["params"].__setitem__("lengthscale", 0.0), "params.lengthscale"),
-        (lambda s: s["fitted"].__setitem__("n_features_in", 3), "predictor fails on 3 features"),
+        (lambda s: s["fitted"].__setitem__("n_features_in", 3), "fitted.n_features_in must be the probe's 2 features"),
         (lambda s: s["fitted"].update(n_outputs=2, y_ndim=2), "records 2"),
         (lambda s: s["fitted"].__setitem__("n_outputs", 2), "fitted.y_ndim must be 1 (one output)"),
         (lambda s: s["fitted"].__setitem__("feature_names", ["a"]), "fitted.feature_names must be 2 strings"),
         (lambda s: s["kernel_state"].__setitem__("raw_lengthscale", torch.zeros(1, 5)), "size mismatch"),
-        (lambda s: s["predictor_state"].__setitem__("alpha", torch.zeros(7, 1)), "inconsistent model file"),
-        (lambda s: s.__setitem__("predictor_state", [1, 2]), "predictor_state is missing or not a dict"),
+        (lambda s: _predictor(s).__setitem__("alpha", torch.zeros(7, 1)), "inconsistent model file"),
+        (lambda s: s["posterior"].__setitem__("predictor", [1, 2]), "posterior.predictor: expected a dict"),
+        (lambda s: s.__setitem__("posterior", [1, 2]), "posterior is missing or not a dict"),
         (lambda s: s.__setitem__("estimator", "KernelSomething"), "unknown estimator 'KernelSomething'"),
     ],
 )
@@ -137,7 +142,9 @@ def test_a_changed_class_count_is_refused(saved, tmp_path):
     root, _, _ = saved
     state = _state(root / "clf.pt")
     state["fitted"]["classes"] = [0, 1, 2, 3]
-    assert "the predictor gives 3 output(s), the estimator records 4" in _load_error(_rewrite(tmp_path, state))
+    # the class count sizes the mean offset and the predictor's outputs: either check names the mismatch
+    message = _load_error(_rewrite(tmp_path, state))
+    assert "posterior.offset: expected a vector of length 1 or 4" in message
     state["fitted"]["classes"] = [1, 1, 2]
     assert "fitted.classes must be a list of at least 2 distinct labels" in _load_error(_rewrite(tmp_path, state))
 
@@ -167,14 +174,18 @@ def test_a_pickle_with_a_code_payload_is_refused_and_not_run(tmp_path, capsys):
     assert "weights_only" not in err and not marker.exists()
 
 
-def test_version_1_files_without_checksum_still_load(saved, tmp_path):
-    root, reg, _ = saved
-    state = _state(root / "reg.pt")
+def test_version_1_files_without_checksum_still_load(tmp_path):
+    """A file of kgp before the Posterior (tests/data/model_v2_*.pt), rewritten as version 1 (no checksum)."""
+    from pathlib import Path
+
+    data = Path(__file__).resolve().parent / "data"
+    state = _state(data / "model_v2_falkon_std.pt")
     state["format_version"] = 1
     del state["checksum"]
     path = tmp_path / "v1.pt"
     torch.save(state, path)
-    np.testing.assert_array_equal(kgp.load(path).predict(X), reg.predict(X))
+    expected = np.load(data / "model_v2_expected.npz")
+    np.testing.assert_allclose(kgp.load(path).predict(expected["Xq"]), expected["reg_mean"], rtol=1e-12, atol=1e-14)
     state["format_version"] = 99
     torch.save(state, path)
     assert "version 99 is not supported" in _load_error(path)

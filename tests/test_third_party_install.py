@@ -132,7 +132,7 @@ try:
 except ValueError as exc:
     out["load_error"] = str(exc)
 try:
-    kgp.KernelRegressor(solver="nystrom-direct")._validate()
+    kgp.fitting.resolve_plan(kgp.KernelRegressor(solver="nystrom-direct").get_params())
 except ValueError as exc:
     out["solver_error"] = str(exc)
 print(json.dumps(out))

@@ -5,11 +5,15 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import torch
 from torch import Tensor
 
+from ..fitting import LocalComm, RandomStreams, TrainingRows, resolve_plan
+from ..fitting.stages import FitResult, Learned, solve
 from ..monitor import Monitor
+from ..posterior import TargetScaling
 from ..validation import to_tensor
-from .base import BaseKernelModel, _closing, _gradients
+from .base import BaseKernelModel, _closing
 from .sklearn_compat import feature_names_of, solver_method
 
 __all__ = ["KernelRegressor"]
@@ -124,19 +128,20 @@ class KernelRegressor(BaseKernelModel):
         """Continue fitting on a new chunk of data (solvers with ``partial_fit`` only, e.g. streaming SGD).
 
         The first call (on an unfitted model) starts a new model; later calls continue the fitted one
-        with the same kernel, seed and dtype. Chunk ``c`` draws its randomness from ``seed_ + 1 + c``.
+        with the same kernel, seed and dtype. Chunk ``c`` draws its randomness from the solve stream of
+        chunk ``c`` (:class:`kgp.fitting.RandomStreams`).
         The method exists only when the solver implements it (``hasattr(model, "partial_fit")``).
         """
-        setup = self._validate()
+        plan = resolve_plan(self.get_params())
         feature_names = feature_names_of(X)
-        if hasattr(self, "predictor_"):
+        first = "posterior_" not in self.__dict__
+        if not first:
             self._check_feature_names(X)
-        if not hasattr(setup.solver, "partial_fit"):
+        if not plan.solver.capabilities.partial_fit:
             raise ValueError(f"solver {self.solver!r} does not support partial_fit")
-        if self.learn is not None or self.normalize_y:
-            raise ValueError("partial_fit: learn and normalize_y need the whole training set; use fit")
-        first = not hasattr(self, "predictor_")
-        dtype, device = (setup.dtype, setup.device) if first else (self.dtype_, self.device_)
+        if self.learn is not None or plan.normalize_y or plan.normalize_X:
+            raise ValueError("partial_fit: learn, normalize_y and normalize_X need the whole training set; use fit")
+        dtype, device = (plan.dtype, plan.device) if first else (self.dtype_, self.device_)
         Xt = to_tensor(X, "X", ndim=(2,), dtype=dtype, device=device)
         Y, targets = self._encode_fit_targets(y, Xt)
         if Y.shape[0] != Xt.shape[0]:
@@ -144,10 +149,11 @@ class KernelRegressor(BaseKernelModel):
         if first:
             seed, kernel, chunks, history = (
                 self._draw_seed(),
-                self._build_kernel(Xt.dtype, Xt.device, Xt.shape[1]),
+                self._build_kernel(Xt.dtype, Xt.device, Xt.shape[1], plan),
                 0,
                 [],
             )
+            previous = None
         else:
             if Xt.shape[1] != self.n_features_in_ or Y.shape[1] != self.n_outputs_:
                 raise ValueError(
@@ -156,22 +162,28 @@ class KernelRegressor(BaseKernelModel):
                 )
             seed, kernel, chunks, history = self.seed_, self.kernel_, self._chunks_seen, list(self.history_)
             targets = {"_y_ndim": self._y_ndim, "n_outputs_": self.n_outputs_}
+            previous = self.predictor_
         start = time.perf_counter()
         monitor = Monitor(self.callback, bool(self.progress))
+        rows = TrainingRows(Xt, Y, LocalComm(Xt.shape[0]))
+        learned = Learned(kernel, float(self.noise), torch.zeros(Y.shape[1], dtype=Y.dtype, device=Y.device))
         with _closing(monitor):
-            problem = self._problem(setup, Xt, Y, kernel, None, seed + 1 + chunks, monitor)
-            with _gradients(setup.solver):
-                predictor = setup.solver.partial_fit(problem, None if first else self.predictor_)
+            posterior = solve(
+                plan,
+                rows,
+                None,
+                learned,
+                TargetScaling.identity(Y),
+                RandomStreams(seed),
+                monitor,
+                chunk=chunks,
+                previous=previous,
+            )
         self._set_fitted(
-            kernel=kernel,
-            solver_name=self.solver,
-            predictor=predictor,
-            centers=None,
-            history=history + list(monitor.history),
+            plan_solver=plan.solver.name,
+            result=FitResult(posterior, None, learned, history + list(monitor.history)),
             seed=seed,
             n_features=Xt.shape[1],
-            dtype=Xt.dtype,
-            device=Xt.device,
             targets=targets,
             fit_time=time.perf_counter() - start + (0.0 if first else self.fit_time_),
             chunks_seen=chunks + 1,

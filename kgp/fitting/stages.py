@@ -1,0 +1,284 @@
+"""The three stages of a fit -- select centers, learn hyperparameters, solve -- and the Posterior they end in.
+
+Each stage is a function of the plan (:mod:`.plan`), the training rows (:mod:`.rows`) and the previous
+stage's result; :func:`run` chains them. Plugin calls run under ``torch.no_grad()`` unless the plugin
+declares ``needs_grad`` (:func:`plugin_call`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import gpytorch
+import torch
+from torch import Tensor
+
+from .. import io
+from ..diagnostics import ill_conditioned
+from ..learning import learn_hyperparameters
+from ..monitor import IterationInfo, Monitor
+from ..plugin import Centers, Problem, SelectionRequest
+from ..posterior import Posterior, Scaling, TargetScaling
+from ..validation import to_tensor
+from .plan import FitPlan, PluginChoice, RandomStreams
+from .rows import TrainingRows
+
+__all__ = ["FitResult", "Learned", "learn", "plugin_call", "run", "select_centers", "solve"]
+
+
+@contextlib.contextmanager
+def plugin_call(choice: PluginChoice) -> Iterator[None]:
+    """Run a plugin's work under ``torch.no_grad()`` unless it declares ``needs_grad``.
+
+    A solver that multiplies with the kernel operator while the kernel's hyperparameters require
+    gradients would otherwise build an autograd graph across all its iterations. A raw
+    ``torch.linalg.LinAlgError`` escaping the plugin (LAPACK gave up) becomes kgp's
+    :class:`~kgp.diagnostics.IllConditionedError`, which says what it means and what helps.
+    """
+    grad = contextlib.nullcontext() if choice.capabilities.needs_grad else torch.no_grad()
+    try:
+        with grad:
+            yield
+    except torch.linalg.LinAlgError as exc:
+        raise ill_conditioned(type(choice.plugin).__name__, io.one_line(exc)) from exc
+
+
+# ---------------------------------------------------------------------- stage 1: centers
+def select_centers(
+    plan: FitPlan,
+    rows: TrainingRows,
+    kernel: gpytorch.kernels.Kernel,
+    streams: RandomStreams,
+    input_scaling: Scaling | None = None,
+) -> Centers | None:
+    """The selector's centers, the user's explicit centers, or None when no plugin uses centers.
+
+    Explicit centers are given in the user's units: with ``normalize_X`` they are standardised like X.
+    """
+    if not plan.needs_centers:
+        return None
+    X = rows.X
+    if plan.selector is not None:
+        request = SelectionRequest(
+            X=X,
+            n_centers=plan.n_centers,
+            kernel=kernel,
+            noise=plan.noise,
+            generator=streams.generator("select"),
+            options=plan.selector.options,
+            shard=rows.shard,
+        )
+        with plugin_call(plan.selector):
+            return plan.selector.plugin.select(request)
+    points = to_tensor(plan.explicit_centers, "centers", ndim=(2,), dtype=X.dtype, device=X.device)
+    if points.shape[1] != X.shape[1]:
+        raise ValueError(f"centers: expected {X.shape[1]} columns like X, got shape {tuple(points.shape)}")
+    if input_scaling is not None:
+        points = input_scaling.apply(points)
+    if plan.n_centers is not None and plan.n_centers != points.shape[0]:
+        raise ValueError(f"n_centers={plan.n_centers} does not match the {points.shape[0]} centers given")
+    if not rows.comm.identical([points]):
+        raise ValueError("centers: a distributed fit needs the same explicit centers on every rank")
+    return Centers(points=points)
+
+
+# ---------------------------------------------------------------------- stage 2: hyperparameters
+@dataclass
+class Learned:
+    """The hyperparameters the solve uses (learned, or the fixed ones when ``learn=None``).
+
+    ``kernel`` holds the kernel hyperparameters; ``noise`` is sigma^2 and ``mean`` the constant mean per
+    output, both in the scaled target units; ``history`` the minimised value per objective evaluation;
+    ``refit`` what ``refit_subset`` changed (or None).
+    """
+
+    kernel: gpytorch.kernels.Kernel
+    noise: float
+    mean: Tensor
+    history: list[float] = field(default_factory=list)
+    refit: dict[str, Any] | None = None
+
+
+def learn(
+    plan: FitPlan,
+    rows: TrainingRows,
+    kernel: gpytorch.kernels.Kernel,
+    centers: Centers | None,
+    streams: RandomStreams,
+    monitor: Monitor,
+) -> Learned:
+    """Minimise the objective over the kernel's hyperparameters, the noise and the mean (or keep them)."""
+    Y = rows.Y
+    if plan.objective is None:
+        return Learned(kernel, plan.noise, torch.zeros(Y.shape[1], dtype=Y.dtype, device=Y.device))
+    result = learn_hyperparameters(
+        plan.objective.name,
+        rows.X,
+        Y,
+        kernel,
+        noise=plan.noise,
+        mean=rows.column_mean(),
+        centers=centers,
+        options=plan.learn_options,
+        generator=streams.generator("learn"),
+        monitor=monitor,
+        shard=rows.shard,
+    )
+    # the same steps on every rank; the checksum confirms it
+    rows.comm.replicate_([p.data for p in kernel.parameters()] + [result.mean])
+    for p in kernel.parameters():  # detached from the optimiser's graph (parameters keep requires_grad)
+        p.grad = None
+    return Learned(kernel, result.noise, result.mean, result.history, result.refit)
+
+
+# ---------------------------------------------------------------------- stage 3: solve
+@dataclass
+class FitResult:
+    """What a fit produced: the Posterior, the centers, the learned hyperparameters, the solver's reports."""
+
+    posterior: Posterior
+    centers: Centers | None
+    learned: Learned
+    history: list[IterationInfo]
+
+
+def solve(
+    plan: FitPlan,
+    rows: TrainingRows,
+    centers: Centers | None,
+    learned: Learned,
+    scaling: TargetScaling,
+    streams: RandomStreams,
+    monitor: Monitor,
+    *,
+    chunk: int | None = None,
+    previous: Any = None,
+    input_scaling: Scaling | None = None,
+) -> Posterior:
+    """Run the solver on ``y - mean`` with the learned hyperparameters; wrap its predictor in a Posterior.
+
+    ``chunk``: ``partial_fit`` of chunk number ``chunk`` (0 for the first), continuing ``previous``
+    (None on the first chunk) and drawing from the solve stream of the chunk.
+    """
+    caps = plan.solver.capabilities
+    problem = Problem(
+        X=rows.X,
+        y=rows.Y - learned.mean,
+        kernel=learned.kernel,
+        noise=learned.noise,
+        centers=centers if caps.uses_centers else None,
+        options=plan.solver.options,
+        generator=streams.generator("solve", chunk or 0),
+        monitor=monitor,
+        shard=rows.shard,
+    )
+    with plugin_call(plan.solver):
+        if chunk is not None:
+            predictor = plan.solver.plugin.partial_fit(problem, previous)
+        else:
+            predictor = plan.solver.plugin.fit(problem)
+    predictor = rows.comm.same_predictor(predictor, learned.kernel)
+    return posterior_of(plan, predictor, learned, scaling, centers, rows, input_scaling)
+
+
+def posterior_of(
+    plan: FitPlan,
+    predictor: Any,
+    learned: Learned,
+    scaling: TargetScaling,
+    centers: Centers | None,
+    rows: TrainingRows | None,
+    input_scaling: Scaling | None = None,
+) -> Posterior:
+    """The Posterior of a fitted predictor; its variance kind follows the solver's declared target."""
+    target = plan.solver.capabilities.target
+    kind, reason = target, ""
+    if target == "nystrom" and centers is None:
+        kind = "none"
+        reason = f"solver {plan.solver.name!r} declares a Nystrom target but the fit has no centers"
+    elif target == "mean_only":
+        kind = "none"
+        reason = (
+            f"solver {plan.solver.name!r} gives no predictive variance: it neither solves the exact GP "
+            "(target 'exact', e.g. solver='exact') nor fits on centers (target 'nystrom', Nystrom/DTC "
+            "variance, e.g. solver='falkon')"
+        )
+    elif target == "nystrom" and rows is not None and rows.shard is not None:
+        kind = "none"
+        # this rank's rows alone would give a variance of the wrong data set, silently
+        reason = (
+            f"not supported after a distributed fit (solver {plan.solver.name!r}): the Nystrom variance needs "
+            "K_Mn K_nM summed over all ranks' rows, which the fit does not compute"
+        )
+    return Posterior(
+        kernel=learned.kernel,
+        predictor=predictor,
+        noise=learned.noise,
+        offset=learned.mean,
+        scaling=scaling,
+        variance_kind=kind,
+        centers=centers.points if (kind == "nystrom" and centers is not None) else None,
+        train_X=rows.X if (kind == "nystrom" and rows is not None) else None,
+        no_variance_reason=reason,
+        input_scaling=input_scaling,
+    )
+
+
+# ---------------------------------------------------------------------- the chain
+def scale_inputs(rows: TrainingRows, normalize: bool) -> tuple[TrainingRows, Scaling | None]:
+    """``normalize_X``: standardise each feature with the training rows' mean and standard deviation.
+
+    A constant feature keeps the scale 1. Without it the kernel sees the inputs as given, and a feature
+    on a 1e-8 or 1e8 scale next to one of scale 1 makes every lengthscale start wrong (issue 27).
+    Distributed: the statistics of all ranks' rows.
+    """
+    if not normalize:
+        return rows, None
+    mean = rows.column_mean(rows.X)
+    std = rows.column_std(rows.X, mean)
+    std = torch.where(std > 0, std, torch.ones_like(std))
+    scaling = Scaling(mean, std)
+    return TrainingRows(scaling.apply(rows.X), rows.Y, rows.comm), scaling
+
+
+def scale_targets(rows: TrainingRows, normalize: bool) -> tuple[TrainingRows, TargetScaling]:
+    """scikit-learn's ``GaussianProcessRegressor(normalize_y=True)``: centre and scale each column.
+
+    A constant column keeps the scale 1 (as scikit-learn does), so nothing is divided by zero.
+    Distributed: the mean and the standard deviation of all ranks' rows (two all-reduces of k numbers).
+    """
+    Y = rows.Y
+    if not normalize:
+        return rows, TargetScaling.identity(Y)
+    mean = rows.column_mean(Y)
+    std = rows.column_std(Y, mean)
+    std = torch.where(std > 0, std, torch.ones_like(std))
+    return TrainingRows(rows.X, (Y - mean) / std, rows.comm), TargetScaling(mean, std)
+
+
+def run(
+    plan: FitPlan,
+    rows: TrainingRows,
+    scaling: TargetScaling,
+    kernel: gpytorch.kernels.Kernel,
+    streams: RandomStreams,
+    monitor: Monitor,
+    shift: dict[str, Tensor] | None = None,
+    input_scaling: Scaling | None = None,
+) -> FitResult:
+    """Select, learn, solve: the whole fit of the (scaled) ``rows`` (the caller owns and closes ``monitor``).
+
+    ``shift``: the offsets the monitor's validation metric adds back to the solver's predictions; its
+    ``"mean"`` entry is set to the learned constant mean before the solve.
+    """
+    centers = select_centers(plan, rows, kernel, streams, input_scaling)
+    learned = learn(plan, rows, kernel, centers, streams, monitor)
+    if plan.objective is not None:
+        monitor.close()  # the solver's stage starts its own bar
+        if shift is not None:
+            shift["mean"] = learned.mean
+    posterior = solve(plan, rows, centers, learned, scaling, streams, monitor, input_scaling=input_scaling)
+    return FitResult(posterior, centers, learned, list(monitor.history))

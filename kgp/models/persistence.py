@@ -1,0 +1,365 @@
+"""Model files: the contents an estimator writes (format version 3) and the estimator rebuilt from them.
+
+Layout (tensors and plain values only; the container, version and checksum are :mod:`kgp.io`'s)::
+
+    estimator     "KernelRegressor" | "KernelClassifier"
+    params        the estimator's plain constructor parameters
+    kernel_spec   the kernel's class description (kgp.kernels.serialize); kernel_state its tensors
+    solver        the solver plugin's name
+    posterior     kgp.Posterior.state_dict(): version, noise, offset, target scaling, predictor, variance
+    fitted        n_features_in, seed, the targets' description, feature names, center weights,
+                  learning history and refit
+    probe         two input rows and the posterior mean there at save time: the rebuilt model must
+                  reproduce them (every entry that shapes a prediction is checked together)
+
+Every entry is checked before anything it sizes is allocated (:func:`check_contents`); files of format
+versions 1 and 2 (kgp before the Posterior) are read through :func:`upgrade`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from .. import io
+from ..fitting.stages import FitResult, Learned
+from ..io import ModelFileError
+from ..kernels.serialize import kernel_from_spec, kernel_to_spec
+from ..plugin import Centers
+from ..posterior import Posterior, PosteriorStateError
+from ..registry import UnknownPluginError, get_predictor_class, get_solver
+
+__all__ = ["check_contents", "model_from_state", "save_model", "upgrade"]
+
+# constructor parameters stored in model files as plain values (the others are objects or derived)
+PLAIN_PARAMS = (
+    "lengthscale",
+    "noise",
+    "solver",
+    "n_centers",
+    "solver_options",
+    "selector_options",
+    "random_state",
+    "learn",
+    "learn_options",
+    "ard",
+    "normalize_y",
+    "normalize_X",
+)
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+_MAX_SPEC_DEPTH = 32  # kernels nest a few levels (Scale(Product(...))); deeper is not a kgp file
+
+
+def save_model(model: Any, path) -> None:
+    """Write the fitted ``model`` to ``path`` (format version 3, see the module docstring)."""
+    params = {name: getattr(model, name) for name in PLAIN_PARAMS}
+    params["kernel"] = model.kernel if isinstance(model.kernel, str) else None
+    params["centers"] = model.centers if isinstance(model.centers, str) else None
+    params["dtype"] = str(model.dtype_).replace("torch.", "")
+    fitted: dict[str, Any] = {"n_features_in": int(model.n_features_in_), "seed": int(model.seed_)}
+    fitted.update(model._target_state())
+    if getattr(model, "feature_names_in_", None) is not None:
+        fitted["feature_names"] = [str(name) for name in model.feature_names_in_]
+    if model.center_weights_ is not None:
+        fitted["center_weights"] = model.center_weights_.detach().cpu()
+    fitted["learning"] = {"history": [float(v) for v in model.learn_history_]}
+    if model.learn_refit_ is not None:
+        fitted["learning"]["refit"] = {
+            k: (list(v) if isinstance(v, tuple) else v) for k, v in model.learn_refit_.items()
+        }
+    probe = _probe_rows(model)
+    with torch.no_grad():
+        probe_mean = model.posterior_.mean(probe)
+    io.write_model(
+        {
+            "estimator": type(model).__name__,
+            "params": params,
+            "kernel_spec": kernel_to_spec(model.kernel_),
+            "kernel_state": {k: v.detach().cpu() for k, v in model.kernel_.state_dict().items()},
+            "solver": model.solver_name_,
+            "posterior": model.posterior_.state_dict(),
+            "fitted": fitted,
+            "probe": {"X": probe.detach().cpu(), "mean": probe_mean.detach().cpu()},
+        },
+        path,
+    )
+
+
+def _probe_rows(model: Any) -> torch.Tensor:
+    """Two rows where the saved model's mean is recorded: the first centers, or zeros."""
+    points = getattr(model.posterior_.predictor, "centers", None)
+    if torch.is_tensor(points) and points.dim() == 2 and points.shape[0] >= 2:
+        return points[:2].detach().to(dtype=model.dtype_)
+    return torch.zeros(2, model.n_features_in_, dtype=model.dtype_, device=model.device_)
+
+
+# ---------------------------------------------------------------------- reading
+def check_contents(state: dict[str, Any], path, *, upgraded: bool = False) -> None:
+    """Types, ranges and shapes of every entry that :func:`model_from_state` reads (version-3 layout).
+
+    ``upgraded``: the contents came from an older file through :func:`upgrade` (no recorded probe mean).
+    """
+    for key, kind in (
+        ("params", dict),
+        ("kernel_spec", dict),
+        ("kernel_state", dict),
+        ("solver", str),
+        ("posterior", dict),
+        ("fitted", dict),
+        ("probe", dict),
+    ):
+        if not isinstance(state.get(key), kind):
+            raise _fail(path, key, f"is missing or not a {kind.__name__} (got {type(state.get(key)).__name__})")
+    params, fitted, probe = state["params"], state["fitted"], state["probe"]
+    noise = params.get("noise")
+    if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not math.isfinite(noise) or noise <= 0:
+        raise _fail(path, "params.noise", f"must be a finite positive number, got {noise!r}")
+    scale = params.get("lengthscale")
+    if scale is not None and (not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0):
+        raise _fail(path, "params.lengthscale", f"must be None or a finite positive number, got {scale!r}")
+    if params.get("dtype") not in DTYPES:
+        raise _fail(path, "params.dtype", f"must be one of {', '.join(DTYPES)}, got {params.get('dtype')!r}")
+    probe_X = probe.get("X")
+    if not torch.is_tensor(probe_X) or probe_X.dim() != 2 or probe_X.shape[0] != 2:
+        raise _fail(path, "probe.X", "must be a 2 x d tensor")
+    if not upgraded and not torch.is_tensor(probe.get("mean")):
+        raise _fail(path, "probe.mean", "must be a tensor (the mean at probe.X recorded at save time)")
+    n_features = fitted.get("n_features_in")
+    # the probe rows are in the file already: a feature count that matches them allocates nothing new
+    if isinstance(n_features, bool) or not isinstance(n_features, int) or n_features != probe_X.shape[1]:
+        raise _fail(
+            path, "fitted.n_features_in", f"must be the probe's {probe_X.shape[1]} features, got {n_features!r}"
+        )
+    if not isinstance(fitted.get("seed"), int):
+        raise _fail(path, "fitted.seed", f"must be an integer, got {fitted.get('seed')!r}")
+    names = fitted.get("feature_names")
+    if names is not None and (
+        not isinstance(names, list) or len(names) != n_features or not all(isinstance(n, str) for n in names)
+    ):
+        raise _fail(path, "fitted.feature_names", f"must be {n_features} strings (one per feature)")
+    if state.get("estimator") == "KernelClassifier":
+        classes = fitted.get("classes")
+        if not isinstance(classes, list) or len(classes) < 2 or len(set(map(repr, classes))) != len(classes):
+            raise _fail(path, "fitted.classes", f"must be a list of at least 2 distinct labels, got {classes!r}")
+    else:
+        outputs = fitted.get("n_outputs")
+        if isinstance(outputs, bool) or not isinstance(outputs, int) or outputs < 1:
+            raise _fail(path, "fitted.n_outputs", f"must be a positive integer, got {outputs!r}")
+        if fitted.get("y_ndim") not in (1, 2) or (fitted.get("y_ndim") == 1 and outputs != 1):
+            raise _fail(path, "fitted.y_ndim", f"must be 1 (one output) or 2, got {fitted.get('y_ndim')!r}")
+    _check_spec(state["kernel_spec"], n_features, path, "kernel_spec", 0)
+    for where, tensor in _tensors(state):
+        if not tensor.is_floating_point():
+            continue
+        if bool(torch.isnan(tensor).any()):
+            raise _fail(path, where, "contains NaN values")
+        # GPyTorch stores constraint bounds (e.g. an upper bound of +inf) as buffers: infinity is valid there only
+        if "_constraint." not in where and not bool(torch.isfinite(tensor).all()):
+            raise _fail(path, where, "contains infinite values")
+
+
+def _check_spec(spec: Any, n_features: int, path, where: str, depth: int) -> None:
+    """A kernel spec whose shapes fit the data: ARD dimensions and active dimensions within n_features."""
+    if depth > _MAX_SPEC_DEPTH:
+        raise _fail(path, where, f"nests kernels more than {_MAX_SPEC_DEPTH} deep")
+    if not isinstance(spec, Mapping) or not isinstance(spec.get("kwargs", {}), Mapping):
+        raise _fail(path, where, "must be a dict with a 'kwargs' dict")
+    kwargs = spec.get("kwargs", {})
+    ard = kwargs.get("ard_num_dims")
+    if ard is not None and (isinstance(ard, bool) or not isinstance(ard, int) or not 1 <= ard <= n_features):
+        raise _fail(path, f"{where}.kwargs.ard_num_dims", f"must be an integer in [1, {n_features}], got {ard!r}")
+    active = kwargs.get("active_dims")
+    if active is not None and (
+        not isinstance(active, list)
+        or len(active) > n_features
+        or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < n_features for i in active)
+    ):
+        raise _fail(path, f"{where}.kwargs.active_dims", f"must be feature indices below {n_features}")
+    batch = kwargs.get("batch_shape")
+    if batch is not None and (
+        not isinstance(batch, list) or len(batch) > 4 or not all(isinstance(b, int) and 1 <= b <= 1024 for b in batch)
+    ):
+        raise _fail(path, f"{where}.kwargs.batch_shape", "must be a short list of small positive integers")
+    children = spec.get("children", [])
+    if not isinstance(children, list) or len(children) > 64:
+        raise _fail(path, f"{where}.children", "must be a list of at most 64 kernel specs")
+    for i, child in enumerate(children):
+        _check_spec(child, n_features, path, f"{where}.children[{i}]", depth + 1)
+
+
+def model_from_state(cls: type, state: dict[str, Any], path, device: torch.device) -> Any:
+    """Rebuild a fitted estimator of class ``cls`` from checked contents (see :func:`kgp.load`)."""
+    solver_name = state["solver"]
+    posterior_state = state["posterior"]
+    try:
+        solver = get_solver(solver_name)
+        predictor_cls = get_predictor_class(posterior_state.get("predictor_kind"))
+    except UnknownPluginError as exc:
+        raise ValueError(
+            f"{path}: this model was fitted by solver {solver_name!r} (predictor kind "
+            f"{posterior_state.get('predictor_kind')!r}), which is not installed here: {exc}"
+        ) from exc
+    params = dict(state["params"])
+    dtype = DTYPES[params.pop("dtype")]
+    # convert before loading: a float32 kernel would round float64 hyperparameters
+    kernel = kernel_from_spec(state["kernel_spec"]).to(device=device, dtype=dtype)
+    kernel.load_state_dict(state["kernel_state"])
+    model = cls(**{k: v for k, v in params.items() if k != "kernel"})
+    model.kernel = params["kernel"] if params["kernel"] is not None else kernel
+    model.dtype = dtype
+    fitted = state["fitted"]
+    targets = cls._targets_from_state(fitted)
+    n_outputs = targets.get("n_outputs_") or (1 if len(targets["classes_"]) == 2 else len(targets["classes_"]))
+    try:
+        posterior = Posterior.from_state(
+            posterior_state,
+            kernel,
+            predictor_cls,
+            n_features=fitted["n_features_in"],
+            n_outputs=n_outputs,
+            device=device,
+            dtype=dtype,
+        )
+    except PosteriorStateError as exc:
+        raise ModelFileError(f"{path}: invalid model file: {exc}") from None
+    caps = getattr(solver, "capabilities", None)
+    uses_centers = caps.uses_centers if caps is not None else bool(getattr(solver, "uses_centers", False))
+    points = getattr(posterior.predictor, "centers", None) if uses_centers else None
+    centers = None
+    if points is not None:
+        weights = fitted.get("center_weights")
+        weights = None if weights is None else weights.to(device=device, dtype=dtype)
+        centers = Centers(points=points, weights=weights)
+    learning = fitted.get("learning", {})
+    learned = Learned(
+        kernel, posterior.noise, posterior.offset, list(learning.get("history", [])), learning.get("refit")
+    )
+    model._set_fitted(
+        plan_solver=solver_name,
+        result=FitResult(posterior, centers, learned, []),
+        seed=fitted["seed"],
+        n_features=fitted["n_features_in"],
+        targets=targets,
+        fit_time=0.0,
+        feature_names=None if "feature_names" not in fitted else np.asarray(fitted["feature_names"], dtype=object),
+    )
+    return model
+
+
+def check_probe(model: Any, state: dict[str, Any], path) -> None:
+    """The rebuilt model's mean at the file's probe rows must be the one recorded at save time."""
+    probe = state["probe"]
+    X = probe["X"].to(device=model.device_, dtype=model.dtype_)
+    expected = probe.get("mean")
+    try:
+        with torch.no_grad():
+            out = model.posterior_.mean(X)
+    except (RuntimeError, ValueError, IndexError, TypeError) as exc:
+        raise ModelFileError(
+            f"{path}: inconsistent model file: its predictor fails on {model.n_features_in_} features "
+            f"({type(exc).__name__}: {io.one_line(exc)})"
+        ) from None
+    if not bool(torch.isfinite(out).all()):
+        raise ModelFileError(f"{path}: inconsistent model file: the predictor gives non-finite values")
+    outputs = getattr(model, "n_outputs_", None)
+    if outputs is None:  # classifier: one score for two classes, one per class otherwise
+        outputs = 1 if len(model.classes_) == 2 else len(model.classes_)
+    if out.shape[-1] != outputs:
+        raise ModelFileError(
+            f"{path}: inconsistent model file: the predictor gives {out.shape[-1]} output(s), the estimator "
+            f"records {outputs}"
+        )
+    if expected is None:  # a file from before the probe (upgraded): nothing was recorded to compare with
+        return
+    if not torch.is_tensor(expected) or tuple(expected.shape) != tuple(out.shape):
+        raise ModelFileError(
+            f"{path}: invalid model file: probe.mean must be the {tuple(out.shape)} mean at probe.X "
+            f"(the predictor gives {out.shape[-1]} output(s))"
+        )
+    expected = expected.to(device=out.device, dtype=torch.float64)
+    # the same computation on the same entries: equal up to the rounding of another BLAS code path
+    eps = torch.finfo(model.dtype_).eps
+    tol = 1e4 * eps * (1.0 + float(expected.abs().max()))
+    if float((out.double() - expected).abs().max()) > tol:
+        raise ModelFileError(
+            f"{path}: inconsistent model file: the mean at the probe rows differs from the one recorded at save "
+            "time (an entry of kernel_state or posterior was changed)"
+        )
+
+
+# ---------------------------------------------------------------------- older files
+def upgrade(state: dict[str, Any]) -> dict[str, Any]:
+    """The version-3 layout of a file written by kgp before the Posterior (format versions 1 and 2).
+
+    Their ``fitted.gp`` held the noise, mean, target scaling and (once computed) the variance factors;
+    the predictor sat at the top level. The probe is recomputed from the file itself (those files
+    recorded none), so only the other checks apply to them.
+    """
+    state = dict(state)
+    fitted = dict(state.get("fitted") or {})
+    gp = dict(fitted.pop("gp", None) or {})
+    solver = state.get("solver")
+    exact_like = isinstance(solver, str) and _exact_target(solver)
+    variance: dict[str, Any] = {"kind": "exact" if exact_like else "nystrom"}
+    old = gp.get("variance")
+    predictor_state = state.pop("predictor_state", None)
+    if isinstance(old, dict):
+        variance["kind"] = old.get("kind")
+        variance["factors"] = old
+    if variance["kind"] == "nystrom":
+        centers = predictor_state.get("centers") if isinstance(predictor_state, dict) else None
+        variance["centers"] = old.get("points") if isinstance(old, dict) else centers
+    like = torch.zeros(1, dtype=torch.float64)
+    state["posterior"] = {
+        "version": 1,
+        "noise": gp.get("noise", (state.get("params") or {}).get("noise")),
+        "offset": _vector(gp.get("mean"), like, 0.0),
+        "y_mean": _vector(gp.get("y_train_mean"), like, 0.0),
+        "y_std": _vector(gp.get("y_train_std"), like, 1.0),
+        "predictor_kind": state.pop("predictor_kind", None),
+        "predictor": predictor_state,
+        "variance": variance,
+    }
+    fitted["learning"] = {"history": list(gp.get("learn_history", [])), "refit": gp.get("learn_refit")}
+    state["fitted"] = fitted
+    n_features = fitted.get("n_features_in")
+    points = predictor_state.get("centers") if isinstance(predictor_state, dict) else None
+    if torch.is_tensor(points) and points.dim() == 2 and points.shape[0] >= 2:
+        state["probe"] = {"X": points[:2].clone()}
+    elif isinstance(n_features, int) and 0 < n_features <= 1_000_000:
+        state["probe"] = {"X": torch.zeros(2, n_features, dtype=torch.float64)}
+    return state
+
+
+def _exact_target(solver: str) -> bool:
+    try:
+        plugin = get_solver(solver)
+    except UnknownPluginError:
+        return False
+    caps = getattr(plugin, "capabilities", None)
+    return caps.target == "exact" if caps is not None else bool(getattr(plugin, "exact_posterior", False))
+
+
+def _vector(value: Any, like: torch.Tensor, fill: float) -> torch.Tensor:
+    if value is None:
+        return torch.full_like(like, fill)
+    return torch.as_tensor(value).to(dtype=like.dtype).reshape(-1).clone()
+
+
+def _fail(path, where: str, what: str) -> ModelFileError:
+    return ModelFileError(f"{path}: invalid model file: {where} {what}")
+
+
+def _tensors(value: Any, where: str = ""):
+    if torch.is_tensor(value):
+        yield where, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _tensors(item, f"{where}.{key}" if where else str(key))
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield from _tensors(item, f"{where}[{i}]")

@@ -1,0 +1,220 @@
+"""The Posterior: one object for the mean and the variance; its state is validated entry by entry on load.
+
+Oracles: the dense exact GP posterior (Rasmussen & Williams 2006, Alg. 2.1) and the DTC variance
+computed densely (Titsias 2009, eq. 6); model files forged with a recomputed checksum (issue 25) must
+fail at ``kgp.load`` with a ModelFileError naming the entry, before any allocation sized by the file.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import kgp
+from kgp import io
+from kgp.posterior import Posterior, PosteriorStateError
+
+DATA = Path(__file__).resolve().parent / "data"
+rng = np.random.default_rng(3)
+X = rng.uniform(-2, 2, size=(120, 3))
+Y = np.sin(X @ np.array([1.0, 0.5, -0.7])) + 0.05 * rng.normal(size=120)
+XQ = rng.uniform(-2.5, 2.5, size=(25, 3))
+NOISE = 0.05
+
+
+def _dense_exact(Xt, y, Xq, lengthscale, noise):
+    def k(a, b):
+        return np.exp(-0.5 * ((a[:, None, :] - b[None, :, :]) ** 2).sum(-1) / lengthscale**2)
+
+    C = k(Xt, Xt) + noise * np.eye(len(Xt))
+    kq = k(Xt, Xq)
+    mean = kq.T @ np.linalg.solve(C, y)
+    var = 1.0 - np.einsum("ij,ij->j", kq, np.linalg.solve(C, kq))
+    return mean, np.sqrt(np.clip(var, 0, None))
+
+
+def test_the_exact_posterior_matches_the_dense_gp():
+    model = kgp.KernelRegressor("rbf", lengthscale=0.8, noise=NOISE, solver="exact").fit(X, Y)
+    assert isinstance(model.posterior_, Posterior) and model.posterior_.variance_kind == "exact"
+    mean, std = model.predict(XQ, return_std=True)
+    ref_mean, ref_std = _dense_exact(X, Y, XQ, 0.8, NOISE)
+    np.testing.assert_allclose(mean, ref_mean, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(std, ref_std, rtol=1e-7, atol=1e-8)
+
+
+def test_a_nystrom_model_saved_before_any_std_gives_its_std_after_loading(tmp_path):
+    """Issue 27 item 2: every saved GP gives its std (the file keeps what the variance needs)."""
+    model = kgp.KernelRegressor("rbf", lengthscale=0.8, noise=NOISE, solver="falkon", n_centers=40, random_state=0)
+    model.fit(X, Y)
+    model.save(tmp_path / "m.pt")  # no return_std call before saving
+    _, std = model.predict(XQ, return_std=True)
+    loaded = kgp.load(tmp_path / "m.pt")
+    mean2, std2 = loaded.predict(XQ, return_std=True)
+    np.testing.assert_allclose(std2, std, rtol=1e-12)
+    np.testing.assert_array_equal(mean2, model.predict(XQ))
+    # the DTC variance, densely: k(x,x) - Q(x,x) + s^2 k_Mx^T (s^2 K_MM + K_Mn K_nM)^{-1} k_Mx
+    Z = model.centers_.numpy()
+
+    def k(a, b):
+        return np.exp(-0.5 * ((a[:, None, :] - b[None, :, :]) ** 2).sum(-1) / 0.8**2)
+
+    kmm, knm, kmq = k(Z, Z), k(X, Z), k(Z, XQ)
+    q = np.einsum("ij,ij->j", kmq, np.linalg.solve(kmm, kmq))
+    s = NOISE * kmm + knm.T @ knm
+    dtc = 1.0 - q + NOISE * np.einsum("ij,ij->j", kmq, np.linalg.solve(s, kmq))
+    np.testing.assert_allclose(std2, np.sqrt(np.clip(dtc, 0, None)), rtol=1e-5, atol=1e-7)
+
+
+def test_the_state_round_trips_exactly():
+    model = kgp.KernelRegressor("rbf", lengthscale=0.8, noise=NOISE, solver="falkon", n_centers=30, random_state=1)
+    model.fit(X, Y)
+    model.predict(XQ, return_std=True)  # factors built: the state holds them
+    post = model.posterior_
+    state = post.state_dict()
+    assert state["version"] == 1 and "factors" in state["variance"] and "train_X" not in state["variance"]
+    rebuilt = Posterior.from_state(
+        state,
+        post.kernel,
+        kgp.KernelExpansion,
+        n_features=3,
+        n_outputs=1,
+        device=torch.device("cpu"),
+        dtype=torch.float64,
+    )
+    Xq = torch.from_numpy(XQ)
+    assert torch.equal(rebuilt.mean(Xq), post.mean(Xq)) and torch.equal(rebuilt.std(Xq), post.std(Xq))
+
+
+@pytest.mark.parametrize(
+    ("edit", "entry"),
+    [
+        (lambda s: s.__setitem__("noise", -5.0), "posterior.noise"),
+        (lambda s: s.__setitem__("y_std", torch.zeros(1, dtype=torch.float64)), "posterior.y_std"),
+        (lambda s: s.__setitem__("y_std", -torch.ones(1, dtype=torch.float64)), "posterior.y_std"),
+        (lambda s: s.__setitem__("offset", torch.zeros(3, dtype=torch.float64)), "posterior.offset"),
+        (lambda s: s["variance"].__setitem__("kind", "bogus"), "posterior.variance.kind"),
+        (lambda s: s.__setitem__("version", 7), "posterior.version"),
+        (lambda s: s["variance"]["factors"]["chol"].diagonal().__setitem__(0, 0.0), "posterior.variance.factors.chol"),
+        (lambda s: s["variance"]["factors"].__setitem__("chol", torch.eye(5)), "posterior.variance.factors.chol"),
+        (lambda s: s["variance"]["factors"].__setitem__("chol_s", torch.ones(30, 30)), "factors.chol_s"),
+        (lambda s: s["variance"]["factors"].__setitem__("kind", "exact"), "posterior.variance.factors.kind"),
+        (lambda s: s["variance"].__setitem__("centers", torch.zeros(30, 2)), "posterior.variance.centers"),
+    ],
+)
+def test_each_entry_of_a_posterior_state_is_checked(edit, entry):
+    model = kgp.KernelRegressor("rbf", lengthscale=0.8, noise=NOISE, solver="falkon", n_centers=30, random_state=1)
+    model.fit(X, Y).predict(XQ, return_std=True)
+    state = copy.deepcopy(model.posterior_.state_dict())
+    edit(state)
+    with pytest.raises(PosteriorStateError, match=entry.replace(".", r"\.")):
+        Posterior.from_state(
+            state,
+            model.kernel_,
+            kgp.KernelExpansion,
+            n_features=3,
+            n_outputs=1,
+            device=torch.device("cpu"),
+            dtype=torch.float64,
+        )
+
+
+# ---------------------------------------------------------------------- forged model files (issue 25)
+def _forge(tmp_path, state, name="forged.pt"):
+    body = {k: v for k, v in state.items() if k not in ("format", "format_version", "checksum")}
+    path = tmp_path / name
+    io.write_model(body, path)  # a recomputed checksum: only the contents' checks can catch it
+    return path
+
+
+def _load_error(path) -> str:
+    with pytest.raises(kgp.ModelFileError) as info:
+        kgp.load(path)
+    message = str(info.value)
+    assert "\n" not in message and str(path) in message
+    return message
+
+
+@pytest.fixture(scope="module")
+def saved_gp(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gp")
+    model = kgp.KernelRegressor(
+        "rbf", ard=True, learn="exact", normalize_y=True, random_state=0, learn_options={"iterations": 5}
+    ).fit(X, Y)
+    model.predict(XQ, return_std=True)
+    model.save(root / "gp.pt")
+    falkon = kgp.KernelRegressor("rbf", lengthscale=0.8, noise=NOISE, solver="falkon", n_centers=30, random_state=1)
+    falkon.fit(X, Y).predict(XQ, return_std=True)
+    falkon.save(root / "falkon.pt")
+    return root
+
+
+@pytest.mark.parametrize(
+    ("file", "edit", "message"),
+    [
+        ("gp.pt", lambda s: s["posterior"].__setitem__("noise", -5.0), "posterior.noise"),
+        ("gp.pt", lambda s: s["posterior"].__setitem__("y_std", torch.zeros(1, dtype=torch.float64)), "y_std"),
+        ("gp.pt", lambda s: s["posterior"].__setitem__("y_std", -torch.ones(1, dtype=torch.float64)), "y_std"),
+        ("gp.pt", lambda s: s["posterior"]["variance"].__setitem__("kind", "bogus"), "posterior.variance.kind"),
+        (
+            "falkon.pt",
+            lambda s: s["posterior"]["variance"]["factors"]["chol"].diagonal().__setitem__(3, 0.0),
+            "posterior.variance.factors.chol",
+        ),
+        (
+            "falkon.pt",
+            lambda s: s["posterior"]["variance"]["factors"].__setitem__("chol", torch.eye(4, dtype=torch.float64)),
+            "posterior.variance.factors.chol: expected a matrix of shape (30, 30)",
+        ),
+        (
+            "gp.pt",
+            lambda s: s["kernel_state"].__setitem__("raw_outputscale", torch.tensor(1e300, dtype=torch.float64)),
+            "the mean at the probe rows differs",
+        ),
+        ("gp.pt", lambda s: s["fitted"].__setitem__("n_features_in", 10**12), "fitted.n_features_in"),
+        (
+            "gp.pt",
+            lambda s: s["kernel_spec"]["children"][0]["kwargs"].__setitem__("ard_num_dims", 10**12),
+            "ard_num_dims",
+        ),
+        ("gp.pt", lambda s: s["probe"].__setitem__("mean", s["probe"]["mean"] + 1.0), "probe rows differs"),
+    ],
+)
+def test_forged_model_files_fail_at_load_naming_the_entry(saved_gp, tmp_path, file, edit, message):
+    state = torch.load(saved_gp / file, weights_only=True)
+    edit(state)
+    assert message in _load_error(_forge(tmp_path, state))
+
+
+def test_a_deeply_nested_entry_fails_at_load(saved_gp, tmp_path):
+    state = torch.load(saved_gp / "gp.pt", weights_only=True)
+    nested: list = []
+    for _ in range(3000):
+        nested = [nested]
+    state["fitted"]["learning"]["history"] = nested
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(20_000)  # a forger's Python can write what kgp's recursion limit cannot walk
+    try:
+        path = _forge(tmp_path, state)
+    finally:
+        sys.setrecursionlimit(limit)
+    assert "nested too deeply" in _load_error(path)
+
+
+@pytest.mark.parametrize("name", ["falkon_std", "exact_gp", "classifier"])
+def test_files_of_format_version_2_still_load(name):
+    """Files written by kgp before the Posterior (format version 2) load and predict as they did."""
+    expected = np.load(DATA / "model_v2_expected.npz")
+    model = kgp.load(DATA / f"model_v2_{name}.pt")
+    Xq = expected["Xq"]
+    if name == "classifier":
+        np.testing.assert_allclose(model.predict_proba(Xq), expected["clf_proba"], rtol=1e-12)
+        return
+    key = "reg" if name == "falkon_std" else "gp"
+    mean, std = model.predict(Xq, return_std=True)
+    np.testing.assert_allclose(mean, expected[f"{key}_mean"], rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(std, expected[f"{key}_std"], rtol=1e-10, atol=1e-14)
