@@ -231,7 +231,7 @@ def _cmd_predict(args) -> int:
         _check_out(args.out)
     # kgp.load moves tensors to the device without checking it: torch without CUDA raises a bare
     # AssertionError for "cuda:0"; the estimators' own check names the device
-    from .models.base import _check_device
+    from .fitting.plan import _check_device
 
     _check_device(args.device)
     if not Path(args.model).exists():
