@@ -10,7 +10,8 @@ Solvers, center selectors and hyperparameter objectives are plugins picked by na
 lists them); see :mod:`kgp.hookspecs` and docs/plugin-author-guide.md for the plugin contract.
 """
 
-from . import settings
+# datasets (numpy only) and plot (matplotlib imported on first use) cost nothing at import
+from . import datasets, plot, settings
 from ._version import __version__
 from .capabilities import Capabilities
 from .diagnostics import ConvergenceWarning, DivergenceError, IllConditionedError, NotFittedError
@@ -46,6 +47,7 @@ __all__ = [
     "Problem",
     "SelectionRequest",
     "__version__",
+    "datasets",
     "default_n_centers",
     "from_gpytorch",
     "get_selector",
@@ -54,6 +56,7 @@ __all__ = [
     "kernel_operator",
     "list_plugins",
     "load",
+    "plot",
     "register",
     "resolve_options",
     "settings",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import ast
 import os
 import re
@@ -12,25 +11,30 @@ from pathlib import Path
 
 import numpy as np
 
-from ._version import __version__
-from .cli_data import HEADER_CHOICES, NamedColumns, align_features, read_data
+from .cli_data import NamedColumns, align_features, read_data
+from .cli_parser import apply_threads, build_parser, output_problem
+from .io import atomic_write
 
 __all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _parser()
+    parser = build_parser(_cmd_fit, _cmd_predict, _cmd_demo, _cmd_plugins)
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):
         parser.print_help()
         return 2
     try:
+        apply_threads(args)
         return args.func(args)
     except (ValueError, TypeError, FileNotFoundError, RuntimeError, MemoryError, OSError) as exc:
-        print(f"kgp {args.command}: error: {cli_words(str(exc))}", file=sys.stderr)
+        message = cli_words(str(exc), getattr(args, "fit_dtype", None))
+        print(f"kgp {args.command}: error: {message}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print(f"kgp {args.command}: interrupted; nothing was written", file=sys.stderr)
+        written = getattr(args, "written", None)
+        outcome = f"{written} was already written" if written else "nothing was written"
+        print(f"kgp {args.command}: interrupted; {outcome}", file=sys.stderr)
         return 130
 
 
@@ -44,110 +48,49 @@ _CLI_WORDS = [
     (re.compile(r"\bn_centers\b"), "--n-centers"),
     (re.compile(r"\bsolver_options\b"), "--option"),
     (re.compile(r"\bselector_options\b"), "--selector-option"),
+    (re.compile(r"\blearn_options\['(\w+)'\]"), r"--learn-option \1=VALUE"),
     (re.compile(r"\brandom_state\b"), "--seed"),
     (re.compile(r"^(noise|lengthscale|kernel|dtype|device|centers):"), r"--\1:"),
+    # messages that start with the part at fault: name its flag first
+    (re.compile(r"^solver '([^']*)' option '([^']*)'"), r"--option \2 (solver \1)"),
+    (re.compile(r"^selector '([^']*)' option '([^']*)'"), r"--selector-option \2 (selector \1)"),
+    (re.compile(r"^(?:learn|objective) '([^']*)' option '([^']*)'"), r"--learn-option \2 (learn \1)"),
+    (re.compile(r"^(unknown option\(s\) .*? for solver ')"), r"--option: \1"),
+    (re.compile(r"^(unknown option\(s\) .*? for selector ')"), r"--selector-option: \1"),
+    (re.compile(r"^(unknown option\(s\) .*? for (?:learn|objective) ')"), r"--learn-option: \1"),
+    (re.compile(r"^unknown solver '"), "--solver: unknown solver '"),
+    (re.compile(r"^unknown selector '"), "--centers: unknown selector '"),
+    (re.compile(r"^unknown objective '"), "--learn: unknown objective '"),
+    (re.compile(r"^solver '([^']*)'"), r"--solver \1"),
+    (re.compile(r"^selector '([^']*)'"), r"--centers \1"),
+    (re.compile(r"^(?:learn|objective) '([^']*)'"), r"--learn \1"),
+    (re.compile(r"^learn_options:"), "--learn-option:"),
+    (re.compile(r"\bwithout learn\b"), "without --learn"),
+    (re.compile(r"\blearn='(\w+)'"), r"--learn \1"),
+    (re.compile(r"^X:"), "--data:"),
+    (re.compile(r"^y:"), "--target:"),
+    (re.compile(r"\buse KernelRegressor for continuous targets"), "leave out --classify for continuous targets"),
 ]
 
+# Advice to use float64 as the plugins' numerical errors give it ("..., or float64", "... or use float64",
+# "; use float64"): wrong after a float64 fit (issue 25: `--learn holdout` on 3 rows advised it), and
+# spelled as the flag after a float32 one.
+_FLOAT64_ADVICE = re.compile(r",? or (?:use )?float64\b|;? ?\buse float64\b")
 
-def cli_words(message: str) -> str:
-    """Rewrite the estimators' Python parameter spellings (``solver='falkon'``) as CLI flags (``--solver falkon``)."""
+
+def cli_words(message: str, fit_dtype: str | None = None) -> str:
+    """Rewrite the estimators' Python parameter spellings (``solver='falkon'``) as CLI flags (``--solver falkon``).
+
+    ``fit_dtype`` (``"float32"`` / ``"float64"``: the precision the failed fit ran in) removes advice
+    to use float64 from a float64 fit's message, and spells it ``--dtype float64`` for a float32 one.
+    """
     for pattern, replacement in _CLI_WORDS:
         message = pattern.sub(replacement, message)
+    if fit_dtype == "float64":
+        message = _FLOAT64_ADVICE.sub("", message)
+    elif fit_dtype == "float32":
+        message = _FLOAT64_ADVICE.sub(lambda m: m.group(0).replace("float64", "--dtype float64"), message)
     return message
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kgp", description="Large-scale kernel regression with pluggable solvers.")
-    p.add_argument("--version", action="version", version=f"kgp {__version__}")
-    sub = p.add_subparsers(dest="command")
-    defaults = argparse.ArgumentDefaultsHelpFormatter
-
-    demo = sub.add_parser(
-        "demo", help="fit every installed solver on the shipped concrete data set", formatter_class=defaults
-    )
-    demo.add_argument("--solver", action="append", help="solver name (repeatable; default: every installed solver)")
-    demo.add_argument("--seed", type=int, default=0, help="seed of the train/test split and of the solvers")
-    demo.set_defaults(func=_cmd_demo)
-
-    fit = sub.add_parser("fit", help="fit a model on a .npz (X, y) or .csv file and save it", formatter_class=defaults)
-    _add_data_args(fit, predict=False)
-    fit.add_argument("--solver", default="exact", help="solver plugin name (see `kgp plugins`)")
-    fit.add_argument("--centers", default=None, help="center-selector plugin name (None: the default, uniform)")
-    fit.add_argument("--n-centers", type=int, default=None, help="number of centers M (None: the selector's choice)")
-    fit.add_argument("--kernel", default="rbf", help="rbf, laplacian, matern32, matern52 or linear")
-    fit.add_argument("--lengthscale", type=float, default=1.0, help="kernel lengthscale")
-    fit.add_argument("--noise", type=float, default=1e-2, help="GP noise variance sigma^2")
-    fit.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="solver option (repeatable)")
-    fit.add_argument(
-        "--selector-option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="center-selector option (repeatable; see `kgp plugins --options NAME`)",
-    )
-    fit.add_argument("--learn", default=None, help="learn the hyperparameters first with this objective (sgpr, exact)")
-    fit.add_argument(
-        "--learn-option", action="append", default=[], metavar="KEY=VALUE", help="learning option (repeatable)"
-    )
-    fit.add_argument("--ard", action="store_true", help="one lengthscale per feature (shortcut kernels)")
-    fit.add_argument("--normalize-y", action="store_true", help="centre and scale the targets during the fit")
-    fit.add_argument("--dtype", default="float64", choices=["float32", "float64"], help="floating-point precision")
-    fit.add_argument("--device", default=None, help="torch device to fit on, e.g. cuda or cuda:1 (None: CPU)")
-    fit.add_argument("--seed", type=int, default=0, help="random seed (center selection, stochastic solvers)")
-    fit.add_argument("--classify", action="store_true", help="fit a KernelClassifier instead of a regressor")
-    fit.add_argument("--progress", action="store_true", help="show a progress bar for iterative solvers")
-    fit.add_argument("--out", required=True, help="model file to write")
-    fit.add_argument(
-        "--distributed",
-        action="store_true",
-        help="data-parallel fit under torchrun: each rank memory-maps a .npy table and reads only its own "
-        "rows; rank 0 saves (docs/scaling-out.md)",
-    )
-    fit.set_defaults(func=_cmd_fit)
-
-    pred = sub.add_parser("predict", help="predict with a saved model", formatter_class=defaults)
-    pred.add_argument("--model", required=True, help="model file written by `kgp fit`")
-    _add_data_args(pred, predict=True)
-    pred.add_argument("--device", default=None, help="torch device to predict on (None: CPU)")
-    pred.add_argument("--out", help="write predictions here (.csv or .npy); default: print a summary only")
-    pred.set_defaults(func=_cmd_predict)
-
-    plugins = sub.add_parser(
-        "plugins",
-        help="list installed solvers, selectors and predictor kinds; exit status 1 if a plugin failed to load "
-        "or two plugins register the same name",
-        description="List every usable solver, selector and predictor kind with the plugin (entry point) and "
-        "distribution that registered it. SHADOWED lines: a third party registers a built-in's name (the built-in "
-        "wins, the third party's registration is ignored); CONFLICT lines: two third parties register the same "
-        "name (unusable); FAILED lines: a plugin that was skipped. Exit status: 0 when there is none of these, "
-        "1 otherwise (so that CI and install scripts notice).",
-    )
-    plugins.add_argument("--traceback", action="store_true", help="print the traceback of each failed plugin")
-    plugins.add_argument(
-        "--options", metavar="NAME", default=None, help="print the options of the solver or selector NAME instead"
-    )
-    plugins.set_defaults(func=_cmd_plugins)
-    return p
-
-
-def _add_data_args(p: argparse.ArgumentParser, *, predict: bool) -> None:
-    p.add_argument("--data", required=True, help=".npz with arrays X and y (optional feature_names), or .csv / .csv.gz")
-    if predict:
-        target_help = (
-            "score the predictions against this column (CSV: name, or index from 0; .npz: array name). "
-            "Without it nothing is scored, whatever the file holds"
-        )
-    else:
-        target_help = (
-            "target column (CSV: name, or index from 0; default: the last column; .npz: array name, default y)"
-        )
-    p.add_argument("--target", default=None, help=target_help)
-    p.add_argument(
-        "--header",
-        default="auto",
-        choices=HEADER_CHOICES,
-        help="whether a CSV's first row names the columns (auto: yes when it has a non-numeric field)",
-    )
 
 
 def _parse_options(items: list[str], flag: str) -> dict:
@@ -205,7 +148,7 @@ def _cmd_demo(args) -> int:
 def model_needs_centers(name: str) -> bool:
     import kgp
 
-    return bool(getattr(kgp.get_solver(name), "uses_centers", False))
+    return kgp.registry.registry.get("solver", name).capabilities.uses_centers
 
 
 def _estimator_from_args(args):
@@ -223,28 +166,56 @@ def _estimator_from_args(args):
         solver_options=_parse_options(args.option, "--option"),
         selector_options=_parse_options(args.selector_option, "--selector-option"),
         device=args.device,
-        dtype=args.dtype,
+        dtype=None if args.dtype == "auto" else args.dtype,
         random_state=args.seed,
-        progress=args.progress,
+        progress=_progress(args),
         learn=args.learn,
         learn_options=_parse_options(args.learn_option, "--learn-option") or None,
         ard=args.ard,
         normalize_y=args.normalize_y,
+        normalize_X=args.normalize_X,
     )
 
 
-def _cmd_fit(args) -> int:
+def _progress(args) -> bool:
+    """``--progress`` / ``--no-progress``; without either, a bar when stderr is a terminal (a person watching)."""
+    if args.progress is not None:
+        return args.progress
+    return bool(getattr(sys.stderr, "isatty", lambda: False)())
 
+
+def _fit_dtype(args, X: np.ndarray) -> str | None:
+    """The precision the fit runs in (for the advice in error messages): ``--dtype``, else the data's."""
+    if args.dtype != "auto":
+        return args.dtype
+    return {np.dtype(np.float32): "float32", np.dtype(np.float64): "float64"}.get(np.asarray(X).dtype, "float64")
+
+
+def _check_out(path: str) -> None:
+    """Refuse an ``--out`` that cannot be written before any work (not after a fit of minutes)."""
+    problem = output_problem(path)
+    if problem:
+        raise ValueError(problem)
+
+
+def _save(model, args) -> None:
+    try:
+        model.save(args.out)  # atomic: an interrupted or failed save leaves the previous file as it was
+    except OSError as exc:
+        raise OSError(f"--out: cannot write {args.out} ({exc.strerror or exc})") from None
+    args.written = args.out
+
+
+def _cmd_fit(args) -> int:
+    _check_out(args.out)
     if getattr(args, "distributed", False):
         return _cmd_fit_distributed(args)
     data = read_data(args.data, args.target, want_target=True, header=args.header)
     X = NamedColumns(data.X, data.names) if data.names is not None else data.X
     model = _estimator_from_args(args)
+    args.fit_dtype = _fit_dtype(args, data.X)
     model.fit(X, data.y)
-    try:
-        model.save(args.out)
-    except OSError as exc:
-        raise OSError(f"--out: cannot write {args.out} ({exc.strerror or exc})") from None
+    _save(model, args)
     metric = "accuracy" if args.classify else "R2"
     features = f"features {', '.join(data.names)}" if data.names is not None else f"{data.X.shape[1]} features"
     print(
@@ -257,6 +228,13 @@ def _cmd_fit(args) -> int:
 def _cmd_predict(args) -> int:
     import kgp
 
+    if args.out:
+        _check_out(args.out)
+    # kgp.load moves tensors to the device without checking it: torch without CUDA raises a bare
+    # AssertionError for "cuda:0"; the estimators' own check names the device
+    from .fitting.plan import check_device
+
+    check_device(args.device)
     if not Path(args.model).exists():
         raise FileNotFoundError(f"--model: no such file {args.model}")
     if Path(args.model).is_dir():
@@ -274,14 +252,16 @@ def _cmd_predict(args) -> int:
     X = NamedColumns(data.X, list(names)) if names is not None else data.X
     pred = model.predict(X)
     if args.out:
-        out = Path(args.out)
+        table = np.asarray(pred)
+        if Path(args.out).suffix == ".npy":
+            write = lambda fh: np.save(fh, table)  # noqa: E731
+        else:
+            write = lambda fh: np.savetxt(fh, table.reshape(len(table), -1), delimiter=",", fmt="%s")  # noqa: E731
         try:
-            if out.suffix == ".npy":
-                np.save(out, pred)
-            else:
-                np.savetxt(out, np.asarray(pred).reshape(len(pred), -1), delimiter=",", fmt="%s")
+            atomic_write(args.out, write)
         except OSError as exc:
             raise OSError(f"--out: cannot write {args.out} ({exc.strerror or exc})") from None
+        args.written = args.out
     summary = f"predicted {len(pred)} rows with solver {model.solver_name_}"
     if data.y is not None:
         metric = "accuracy" if hasattr(model, "classes_") else "R2"
@@ -368,7 +348,7 @@ def _cmd_fit_distributed(args) -> int:
     X, y = load_rows(args.data, args.target, rank, world)
     model = _estimator_from_args(args)  # a KernelClassifier with --classify (classes gathered from all ranks)
     model.fit(X, y, distributed=True)
-    model.save(args.out)  # rank 0 writes
+    _save(model, args)  # rank 0 writes
     if rank == 0:
         what = "accuracy" if args.classify else "R2"
         local = f"; training {what} on rank 0's {X.shape[0]} rows {model.score(X, y):.4f}" if X.shape[0] > 1 else ""

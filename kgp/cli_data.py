@@ -103,7 +103,8 @@ def _read_csv(file: Path, target: str | None, want_target: bool, header: str) ->
         raise ValueError(f"--header: expected one of {', '.join(HEADER_CHOICES)}, got {header!r}")
     opener = gzip.open if file.suffix == ".gz" else open
     try:
-        with opener(file, "rt", newline="") as fh:
+        # utf-8-sig: a byte-order mark (Excel's "CSV UTF-8") is not part of the first column's name
+        with opener(file, "rt", newline="", encoding="utf-8-sig") as fh:
             rows = [row for row in csv.reader(fh) if row and any(cell.strip() for cell in row)]
     except UnicodeDecodeError:
         raise ValueError(f"--data: {file} is not a text CSV file (expected .npz, .csv or .csv.gz)") from None

@@ -1,11 +1,24 @@
-"""Global settings: a plain call sets one for the process, a ``with`` block for that block.
+"""Settings: a plain call sets the process default, a ``with`` block overrides it in its own thread only.
 
 Every setting has a process-wide default, can be overridden by an environment variable
 read once at import, and can be changed either way::
 
-    kgp.settings.max_exact_size(32_000)              # from now on
-    with kgp.settings.memory_budget(256 * 2**20):    # only inside the block, then restored
+    kgp.settings.max_exact_size(32_000)              # the process default, from now on, in every thread
+    with kgp.settings.memory_budget(256 * 2**20):    # only inside the block, in this thread (or asyncio task)
         model.fit(X, y)
+
+Threads (docs/guarantees.md). A ``with`` override is held in a :mod:`contextvars` variable, as
+scikit-learn's ``config_context`` and numpy's ``errstate`` hold theirs: another thread never sees it,
+so a block in one thread cannot change a fit running in another, and blocks interleaved across
+threads cannot leave a value behind (the old process-global override did both, issue 25). A thread
+started inside a block starts from the process default. A plain call inside a block sets the process
+default and, until the block ends, the block's value too.
+
+Why a call can be both: ``setting(value)`` cannot know whether a ``with`` follows, so it changes
+nothing that another thread can see; it returns an :class:`Override` that is decided on its first
+use: ``__enter__`` makes it a block; anything else makes it the process default -- the object being
+discarded (at once for a plain call statement), shown by ``repr`` (an interactive session), or the
+same thread touching any setting again (before every read, so a fit right after a plain call sees it).
 
 An invalid environment value never breaks ``import kgp``: it is ignored with a warning naming the
 variable, and the default is used.
@@ -13,8 +26,22 @@ variable, and the default is used.
 
 from __future__ import annotations
 
+import contextvars
 import os
+import threading
 import warnings
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+__all__ = [
+    "Override",
+    "block_rows",
+    "distributed_timeout",
+    "kernel_cache",
+    "max_exact_size",
+    "memory_budget",
+]
 
 _MIB = 2**20
 
@@ -44,42 +71,119 @@ def _env_int(name: str, default: int) -> int:
     return _env_value(name, default, parse)
 
 
-class _Override:
-    """What a setting's call returns: already applied; as a context manager it restores the old value on exit."""
+# Weak references to the overrides this thread made and has not decided yet (entered, or applied as the
+# process default); weak, so that a discarded plain call is applied at once by its finalizer. At most a
+# few: the thread's next settings operation decides them.
+_undecided = threading.local()
 
-    def __init__(self, setting: _Setting, previous):
-        self._setting, self._previous = setting, previous
+
+def _decide_pending() -> None:
+    """Apply this thread's undecided overrides as plain calls: the thread has moved on without a ``with``."""
+    pending = getattr(_undecided, "overrides", None)
+    while pending:
+        override = pending.pop(0)()
+        if override is not None:
+            override._apply_as_default()
+
+
+class Override:
+    """What calling a setting returns: a block override when entered, else the new process default.
+
+    Use it at once: ``with kgp.settings.X(v):`` or the plain statement ``kgp.settings.X(v)``.
+    Kept in a variable and entered later, it has usually been applied as the process default
+    already, and entering it then raises a RuntimeError rather than override twice.
+    """
+
+    __slots__ = ("__weakref__", "_finalizer", "_owner", "_reset", "_setting", "_state", "_value")
+
+    def __init__(self, setting: _Setting, value: Any):
+        self._setting, self._value = setting, value
+        self._state = "undecided"  # then "block" (entered), "exited", or "default" (applied to the process)
+        self._owner = threading.get_ident()
+        self._reset: contextvars.Token | None = None
+        state = _Decision(setting, value, self._owner)
+        self._finalizer = weakref.finalize(self, state.apply)
+        pending = getattr(_undecided, "overrides", None)
+        if pending is None:
+            pending = _undecided.overrides = []
+        pending.append(weakref.ref(self))
+
+    def _apply_as_default(self) -> None:
+        if self._state == "undecided":
+            self._state = "default"
+            self._finalizer()  # runs _Decision.apply once, then never again
 
     def __enter__(self) -> None:
-        return None
+        if self._state != "undecided" or threading.get_ident() != self._owner:
+            raise RuntimeError(
+                f"kgp.settings.{self._setting.name}({self._value!r}) was already applied as the process default "
+                f"(state: {self._state}); write `with kgp.settings.{self._setting.name}(value):` directly, "
+                "without keeping the call's result for later"
+            )
+        self._finalizer.detach()
+        self._state = "block"
+        _undecided.overrides = [ref for ref in _undecided.overrides if ref() is not self]
+        self._reset = self._setting._block.set((*self._setting._block.get(), self._value))
 
     def __exit__(self, *exc) -> None:
-        self._setting._value = self._previous
+        if self._state != "block":
+            raise RuntimeError(f"kgp.settings.{self._setting.name}: __exit__ without a matching __enter__")
+        self._state = "exited"
+        self._setting._block.reset(self._reset)
+
+    def __repr__(self) -> str:
+        self._apply_as_default()  # shown by an interactive session: it was a plain call
+        return repr(self._setting)
+
+
+class _Decision:
+    """The process-default half of an :class:`Override`, run at most once (kept apart so that the
+    finalizer holds no reference to the override itself)."""
+
+    __slots__ = ("owner", "setting", "value")
+
+    def __init__(self, setting: _Setting, value: Any, owner: int):
+        self.setting, self.value, self.owner = setting, value, owner
+
+    def apply(self) -> None:
+        self.setting._set_default(self.value, same_thread=threading.get_ident() == self.owner)
 
 
 class _Setting:
-    """A value with a default; calling it sets the value (for good, or for a ``with`` block)."""
+    """A validated value: a process default, and per-thread (per-context) ``with`` overrides on top of it."""
 
-    def __init__(self, name: str, default, validate):
+    def __init__(self, name: str, default, validate: Callable[[Any], Any]):
         self.name = name
         self._validate = validate
-        self._value = validate(default)
+        self._default = validate(default)
+        self._block: contextvars.ContextVar[tuple] = contextvars.ContextVar(f"kgp.settings.{name}", default=())
 
     def value(self):
-        return self._value
+        """The value in effect in this thread: the innermost ``with`` block's, else the process default."""
+        _decide_pending()
+        blocks = self._block.get()
+        return blocks[-1] if blocks else self._default
 
     def set(self, value) -> None:
-        """Set the value for the rest of the process."""
-        self._value = self._validate(value)
+        """Set the process default (and this thread's innermost block's value, if inside one)."""
+        checked = self._validate(value)
+        _decide_pending()
+        self._set_default(checked, same_thread=True)
 
-    def __call__(self, value) -> _Override:
-        """Set the value now; used as ``with setting(value):`` the previous value is restored after the block."""
-        previous = self._value
-        self._value = self._validate(value)
-        return _Override(self, previous)
+    def _set_default(self, value, *, same_thread: bool) -> None:
+        self._default = value
+        blocks = self._block.get() if same_thread else ()
+        if blocks:  # a plain call inside this thread's block: the block sees it too, until it ends
+            self._block.set((*blocks[:-1], value))
+
+    def __call__(self, value) -> Override:
+        """``with setting(v):`` overrides in this thread for the block; the plain call sets the process default."""
+        checked = self._validate(value)
+        _decide_pending()
+        return Override(self, checked)
 
     def __repr__(self) -> str:
-        return f"kgp.settings.{self.name}({self._value!r})"
+        return f"kgp.settings.{self.name}({self.value()!r})"
 
 
 def _positive_int(name: str):

@@ -185,7 +185,7 @@ def test_version_and_help_with_defaults(capsys):
     with pytest.raises(SystemExit):
         main(["fit", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "(default: exact)" in text and "(default: 0.01)" in text and "(default: float64)" in text
+    assert "(default: exact)" in text and "(default: 0.01)" in text and "(default: auto)" in text
     assert "--device" in text and "--selector-option" in text and "--header" in text
 
 

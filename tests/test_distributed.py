@@ -135,6 +135,7 @@ def _fit_task(rank, world, counts, kw):
         "seed": model.seed_,
         "shard": model.shard_,
         "iterations": len(model.history_),
+        "residual": model.history_[-1].extras.get("residual"),
     }
 
 
@@ -297,7 +298,7 @@ def _validation_task(rank, world, counts, val_counts, solver):
     )
     validation = (Xv, yv) if len(yv) else None  # a rank may have no validation data at all
     model = _model(**kw).fit(Xr, yr, validation_data=validation, distributed=True)
-    return {"metrics": [h.metric for h in model.history_]}
+    return {"metrics": [h.metric for h in model.history_], "residual": model.history_[-1].extras.get("residual")}
 
 
 # GP learning and normalize_y: target statistics and the objective's sums over all ranks
@@ -447,7 +448,19 @@ def _check_fit(results, model, X, counts):
         assert torch.equal(res["alpha"], results[0]["alpha"])  # identical on every rank
         np.testing.assert_allclose(res["pred"], pred, rtol=0, atol=1e-8 * float(np.abs(pred).max()))
         assert res["shard"] == {"rank": r, "world_size": len(counts), "n_local": counts[r], "n_total": N}
-        assert res["iterations"] == len(model.history_)
+        assert res["iterations"] == results[0]["iterations"]  # the ranks share every reduced scalar
+    # What CG guarantees is its stopping rule, not the iteration at which a run meets it: the ranks'
+    # summation order moves the residual in its last digits, and with it the count by one (52 against
+    # 53 on an AVX-512 host, 54 against 53 here under MKL_CBWR=COMPATIBLE and one thread). Both runs
+    # stopped by the rule, before maxiter, and agree on alpha (above).
+    _assert_stopped_by_the_rule(model.history_[-1].extras["residual"], len(model.history_))
+    for res in results:
+        _assert_stopped_by_the_rule(res["residual"], res["iterations"])
+
+
+def _assert_stopped_by_the_rule(residual, iterations):
+    options = _PARAMS["solver_options"]
+    assert residual <= options["tol"] and iterations < options["maxiter"], (residual, iterations)
 
 
 @pytest.mark.parametrize("case, counts", [("even", (120, 120)), ("uneven", (220, 20))])
@@ -699,7 +712,12 @@ def test_validation_metric_covers_every_ranks_rows(two_ranks, three_ranks, world
     for res in (res[case] for res in (two_ranks[0] if world == 2 else three_ranks)):
         assert "metrics" in res, res
         metrics = res["metrics"]
-        assert len(metrics) == len(expected)
+        if solver == "falkon":  # one metric per CG iteration, as many as the stopping rule took (see _check_fit)
+            _assert_stopped_by_the_rule(res["residual"], len(metrics))
+            _assert_stopped_by_the_rule(model.history_[-1].extras["residual"], len(expected))
+        else:  # a fixed number of passes
+            assert len(metrics) == len(expected)
+        common = min(len(metrics), len(expected))
         # the first iterates and the converged one agree to rounding; FALKON's intermediate CG iterates
         # drift apart by up to ~5e-4 relative (the ranks' summation order, amplified by the CG
         # recurrences on this ill-conditioned system; the final alpha agrees to 1e-8). A metric
@@ -707,7 +725,7 @@ def test_validation_metric_covers_every_ranks_rows(two_ranks, three_ranks, world
         # rows is off by 7-24% at the converged model (measured).
         np.testing.assert_allclose(metrics[:8], expected[:8], rtol=1e-8)
         np.testing.assert_allclose(metrics[-1], expected[-1], rtol=1e-6)
-        np.testing.assert_allclose(metrics, expected, rtol=2e-3)
+        np.testing.assert_allclose(metrics[:common], expected[:common], rtol=2e-3)
 
 
 @pytest.mark.parametrize("case", list(GP_CASES))

@@ -255,6 +255,14 @@ def scale_targets(rows: TrainingRows, normalize: bool) -> tuple[TrainingRows, Ta
         return rows, TargetScaling.identity(Y)
     mean = rows.column_mean(Y)
     std = rows.column_std(Y, mean)
+    if not (bool(torch.isfinite(mean).all()) and bool(torch.isfinite(std).all())):
+        # the squared deviations overflow (|y| above ~1e154 in float64): std inf, every prediction NaN
+        # (issue 25); the caller can rescale, kgp cannot pick the constant for them
+        raise ValueError(
+            f"y: normalize_y=True cannot standardize targets of magnitude {float(Y.abs().max()):.3g}: their "
+            f"{'mean' if not bool(torch.isfinite(mean).all()) else 'standard deviation'} overflows "
+            f"{str(Y.dtype).replace('torch.', '')}; divide y by a constant (e.g. its largest magnitude) first"
+        )
     std = torch.where(std > 0, std, torch.ones_like(std))
     return TrainingRows(rows.X, (Y - mean) / std, rows.comm), TargetScaling(mean, std)
 

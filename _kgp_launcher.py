@@ -1,0 +1,35 @@
+"""The ``kgp`` console script's entry point, outside the ``kgp`` package on purpose.
+
+A console script that names ``kgp.cli:main`` imports the package ``kgp`` (torch, gpytorch, linear_operator:
+about 5 s on a busy 2-core host) before any line of ``kgp.cli`` runs, so a Ctrl-C during that time
+printed a raw traceback (issue 25). This module imports nothing heavy itself: it catches an
+interrupt during the imports (one line, exit status 130, as the commands do once running), and it
+sets ``OMP_WAIT_POLICY=PASSIVE`` unless the environment says otherwise, which must happen before
+torch is imported: torch's OpenMP threads otherwise spin while waiting, and small parallel routines
+ran 10-100x slower beside another busy process (measured; see ../shared/notes/machine.md and
+docs/guarantees.md). ``python -m kgp`` imports the package first and keeps neither benefit.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the ``kgp`` command; 130 after a Ctrl-C at any point, with one line on stderr."""
+    try:
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        from kgp.cli import main as run
+    except KeyboardInterrupt:
+        print("kgp: interrupted while starting; nothing was done", file=sys.stderr)
+        return 130
+    try:
+        return run(argv)
+    except KeyboardInterrupt:  # before or after a command's own handler (argument parsing, exit)
+        print("kgp: interrupted; nothing was written", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())
