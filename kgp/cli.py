@@ -219,7 +219,7 @@ def _cmd_fit(args) -> int:
     metric = "accuracy" if args.classify else "R2"
     features = f"features {', '.join(data.names)}" if data.names is not None else f"{data.X.shape[1]} features"
     print(
-        f"solver {args.solver}: fitted {data.X.shape[0]} x {data.X.shape[1]} in {model.fit_time_:.3f} s "
+        f"solver {model.solver_name_}: fitted {data.X.shape[0]} x {data.X.shape[1]} in {model.fit_time_:.3f} s "
         f"(target {data.target}; {features}); training {metric} {model.score(X, data.y):.4f}; saved to {args.out}"
     )
     return 0
@@ -353,7 +353,7 @@ def _cmd_fit_distributed(args) -> int:
         what = "accuracy" if args.classify else "R2"
         local = f"; training {what} on rank 0's {X.shape[0]} rows {model.score(X, y):.4f}" if X.shape[0] > 1 else ""
         print(
-            f"solver {args.solver}: fitted {model.shard_['n_total']} x {X.shape[1]} on {world} ranks in "
+            f"solver {model.solver_name_}: fitted {model.shard_['n_total']} x {X.shape[1]} on {world} ranks in "
             f"{model.fit_time_:.3f} s{local}; saved to {args.out}"
         )
     if created:  # only after a successful fit: after a failed collective the group cannot be torn down cleanly

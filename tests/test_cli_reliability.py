@@ -92,6 +92,7 @@ class _NotPSDObjective:
     """An objective whose first evaluation fails as the built-in ones do on 3 rows (issue 25)."""
 
     option_defaults: dict = {}
+    capabilities = kgp.Capabilities()
 
     def prepare(self, problem):
         def loss(noise, mean):

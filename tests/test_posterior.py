@@ -262,3 +262,9 @@ def test_a_model_file_keeps_the_smaller_sufficient_form_of_the_nystrom_variance(
     variance = torch.load(tmp_path / "m.pt", weights_only=True)["posterior"]["variance"]
     assert stored in variance and ({"factors", "train_X"} - {stored}).isdisjoint(variance)
     np.testing.assert_allclose(kgp.load(tmp_path / "m.pt").predict(XQ, return_std=True)[1], std, rtol=1e-12)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a torch without CUDA")
+def test_loading_onto_an_absent_device_names_it(saved_gp):
+    with pytest.raises(ValueError, match="device: 'cuda:0' requested, but CUDA is not available"):
+        kgp.load(saved_gp / "gp.pt", device="cuda:0")

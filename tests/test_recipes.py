@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from kgp_builtins.recipes.rule import LBFGS_EVALUATIONS, MAX_CENTERS, SUBSET, exact_limit, nystrom_centers
+from kgp_builtins.recipes.rule import ADAM_STEPS, MAX_CENTERS, SUBSET, exact_limit, nystrom_centers
 
 import kgp
 from kgp.recipes import RecipeChoice, RecipeRequest
@@ -46,10 +46,10 @@ def test_the_rule_in_closed_form():
     recipe = kgp.registry.get_recipe("auto")
     small = recipe.choose(_request(1_000))
     assert small.solver == "exact" and small.n_centers is None and small.learn == "exact"
-    assert small.learn_options == {"optimizer": "lbfgs", "iterations": LBFGS_EVALUATIONS}  # n <= SUBSET: all rows
+    assert small.learn_options == {"optimizer": "adam", "iterations": ADAM_STEPS}  # n <= SUBSET: all rows
     big = recipe.choose(_request(100_000, budget=40 * 12_000**2))
     assert big.solver == "falkon" and big.n_centers == 12_000
-    assert big.learn_options == {"optimizer": "lbfgs", "iterations": LBFGS_EVALUATIONS, "subset": SUBSET}
+    assert big.learn_options == {"optimizer": "adam", "iterations": ADAM_STEPS, "subset": SUBSET}
     assert set(big.reasons) == {"solver", "n_centers", "learn"}
     given = recipe.choose(_request(1_000, uses_centers_explicitly=True))
     assert given.solver == "falkon" and given.n_centers is None  # the user's centers are kept
@@ -76,13 +76,13 @@ def test_solver_auto_moves_to_falkon_above_the_exact_limit():
     np.testing.assert_array_equal(model.predict(XQ), named.fit(X, Y).predict(XQ))
 
 
-def test_learn_auto_is_the_exact_likelihood_by_lbfgs_and_user_options_win():
+def test_learn_auto_is_the_exact_likelihood_by_adam_and_user_options_win():
     model = kgp.KernelRegressor("rbf", learn="auto", random_state=0, learn_options={"iterations": 7}).fit(X, Y)
-    assert model.recipe_["learn"] == "exact" and model.recipe_["learn_options"]["optimizer"] == "lbfgs"
-    assert len(model.learn_history_) <= 7  # the user's budget, not the recipe's
+    assert model.recipe_["learn"] == "exact" and model.recipe_["learn_options"]["optimizer"] == "adam"
+    assert len(model.learn_history_) == 7  # the user's budget, not the recipe's
     assert model.posterior_.input_scaling is not None and model.kernel_.base_kernel.lengthscale.shape == (1, 3)
     named = kgp.KernelRegressor(
-        "rbf", learn="exact", random_state=0, solver="exact", learn_options={"optimizer": "lbfgs", "iterations": 7}
+        "rbf", learn="exact", random_state=0, solver="exact", learn_options={"optimizer": "adam", "iterations": 7}
     ).fit(X, Y)
     np.testing.assert_allclose(model.predict(XQ), named.predict(XQ), rtol=1e-12, atol=1e-12)
 

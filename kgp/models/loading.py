@@ -15,6 +15,7 @@ import os
 import torch
 
 from .. import io
+from ..fitting.plan import check_device
 from ..io import ModelFileError
 from .base import BaseKernelModel
 from .classifier import KernelClassifier
@@ -50,6 +51,7 @@ def load(path: str | os.PathLike, *, device: str | torch.device | None = None) -
         from the recorded one...), or the solver / predictor plugin that made it is not installed (the
         message names it).
     """
+    target = check_device(device) or torch.device("cpu")  # an absent device fails here, naming it
     try:
         state = io.read_model(path)
     except RecursionError:
@@ -61,7 +63,6 @@ def load(path: str | os.PathLike, *, device: str | torch.device | None = None) -
     if upgraded:
         state = upgrade(state)
     check_contents(state, path, upgraded=upgraded)
-    target = torch.device(device) if device is not None else torch.device("cpu")
     try:
         model = model_from_state(estimator, state, path, target)
     except ModelFileError:
