@@ -4,8 +4,9 @@ Learning (``learn="auto"``): the exact marginal likelihood (objective ``exact``)
 ``SUBSET`` rows, by Adam (``ADAM_STEPS`` steps at the loop's default step 0.1). L-BFGS with 50
 evaluations was 2-3x cheaper and as good on pol, but ended in a worse optimum on elevators (test RMSE
 1.19x the exact GP's against 1.01x for Adam), as it did there before (docs/gp-workflow.md). The
-subset's exact likelihood has no Nystrom bias (the collapsed bound with few centers learns lengthscales too long and a noise too
-large: docs/gp-workflow.md 8.1), and its hyperparameters are those the exact GP of the benchmark uses.
+subset's exact likelihood has no Nystrom bias (the collapsed bound with few centers learns
+lengthscales too long and a noise too large: docs/gp-workflow.md 8.1), and its hyperparameters are
+those the exact GP of the benchmark uses.
 
 Solving (``solver="auto"``): the exact solve while the dense ``n x n`` matrix fits the memory budget
 and ``kgp.settings.max_exact_size``; above, FALKON on uniform centers, as many as the budget holds
