@@ -48,6 +48,7 @@ __all__ = [
     "Predictor",
     "Problem",
     "SelectionRequest",
+    "Solution",
     "Solver",
     "default_n_centers",
 ]
@@ -163,6 +164,9 @@ class Problem(RowData):
         ``n`` and ``lam`` then refer to the global problem, ``n_local`` to this rank's rows, and
         ``kernel_operator(X, Z)`` sums its transposed products over all ranks. Only solvers that
         declare ``Capabilities(distributed=True)`` receive a sharded problem.
+    want_variance:
+        The fit builds the predictive variance right after the solve (a learned GP): a solver that
+        computes a factor the variance needs anyway may hand it on by returning a :class:`Solution`.
     """
 
     X: Tensor
@@ -174,6 +178,7 @@ class Problem(RowData):
     generator: torch.Generator = field(default_factory=lambda: torch.Generator().manual_seed(0))
     monitor: Monitor = field(default_factory=Monitor)
     shard: Shard | None = None
+    want_variance: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.centers, Tensor):
@@ -213,7 +218,21 @@ class Solver(Protocol):
     capabilities: Capabilities
     option_defaults: Mapping[str, Option]
 
-    def fit(self, problem: Problem) -> Predictor: ...
+    def fit(self, problem: Problem) -> Predictor | Solution: ...
+
+
+@dataclass
+class Solution:
+    """What a solver may return instead of a bare predictor: the predictor and a factor it hands on.
+
+    ``variance``: the :class:`kgp.variance.VarianceFactors` of the posterior the solver targets, when
+    the solve computed them anyway (the exact solver's Cholesky factor of ``K + sigma^2 I``); the fit
+    then does not factor the same matrix again for ``predict(return_std=True)``. Only meaningful when
+    ``problem.want_variance`` is True; a solver may always return its predictor alone.
+    """
+
+    predictor: Predictor
+    variance: Any = None
 
 
 @dataclass

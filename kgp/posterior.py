@@ -169,6 +169,12 @@ class Posterior:
     def factors_built(self) -> bool:
         return self._factors is not None
 
+    def hand_on(self, factors: VarianceFactors) -> None:
+        """Take the variance factors a solver computed anyway (:class:`kgp.plugin.Solution`)."""
+        if factors.kind != self.variance_kind:
+            raise ValueError(f"factors of kind {factors.kind!r} for a {self.variance_kind!r} posterior")
+        self._factors = factors
+
     def factors(self) -> VarianceFactors:
         """The variance factors, built on first use (see the module docstring)."""
         if self._factors is not None:

@@ -268,3 +268,20 @@ def test_a_model_file_keeps_the_smaller_sufficient_form_of_the_nystrom_variance(
 def test_loading_onto_an_absent_device_names_it(saved_gp):
     with pytest.raises(ValueError, match="device: 'cuda:0' requested, but CUDA is not available"):
         kgp.load(saved_gp / "gp.pt", device="cuda:0")
+
+
+def test_a_learned_exact_gp_reuses_the_solvers_factor_for_its_std(monkeypatch):
+    """The exact solve's Cholesky factor of K + s^2 I is handed on (kgp.plugin.Solution), not rebuilt."""
+    import kgp.posterior as posterior_module
+
+    calls = []
+    original = posterior_module.exact_factors
+    monkeypatch.setattr(posterior_module, "exact_factors", lambda *a, **k: calls.append(1) or original(*a, **k))
+    model = kgp.KernelRegressor("rbf", learn="exact", solver="exact", random_state=0, learn_options={"iterations": 5})
+    model.fit(X, Y)
+    assert model.posterior_.factors_built and not calls
+    _, std = model.predict(XQ, return_std=True)
+    rebuilt = original(model.kernel_, model.posterior_.predictor.centers, model.noise_)
+    scaled = model.posterior_.inputs(torch.from_numpy(XQ))
+    ref = (kgp.variance.latent_variance(model.kernel_, scaled, rebuilt).sqrt() * model._y_train_std).numpy()
+    np.testing.assert_allclose(std, ref, rtol=1e-10, atol=1e-14)

@@ -20,7 +20,7 @@ from .. import io
 from ..diagnostics import ill_conditioned
 from ..learning import learn_hyperparameters
 from ..monitor import IterationInfo, Monitor
-from ..plugin import Centers, Problem, SelectionRequest
+from ..plugin import Centers, Problem, SelectionRequest, Solution
 from ..posterior import Posterior, Scaling, TargetScaling
 from ..validation import to_tensor
 from .plan import FitPlan, PluginChoice, RandomStreams
@@ -174,14 +174,21 @@ def solve(
         generator=streams.generator("solve", chunk or 0),
         monitor=monitor,
         shard=rows.shard,
+        want_variance=plan.objective is not None and caps.target != "mean_only",
     )
     with plugin_call(plan.solver):
         if chunk is not None:
             predictor = plan.solver.plugin.partial_fit(problem, previous)
         else:
             predictor = plan.solver.plugin.fit(problem)
+    factors = None
+    if isinstance(predictor, Solution):
+        predictor, factors = predictor.predictor, predictor.variance
     predictor = rows.comm.same_predictor(predictor, learned.kernel)
-    return posterior_of(plan, predictor, learned, scaling, centers, rows, input_scaling)
+    posterior = posterior_of(plan, predictor, learned, scaling, centers, rows, input_scaling)
+    if factors is not None and posterior.variance_kind == factors.kind:
+        posterior.hand_on(factors)
+    return posterior
 
 
 def posterior_of(

@@ -17,7 +17,8 @@ from torch import Tensor
 import kgp
 from kgp import settings
 from kgp.linalg import NotPSDError
-from kgp.plugin import KernelExpansion, Problem
+from kgp.plugin import KernelExpansion, Problem, Solution
+from kgp.variance import VarianceFactors
 
 
 class ExactSolver:
@@ -65,15 +66,21 @@ class ExactSolver:
                 K = K.contiguous()
             K.diagonal().add_(problem.noise)
             # no jitter: the oracle must solve the problem it was given, or say it cannot
-            alpha = _solve_in_place(K, problem.y, noise=problem.noise)
+            alpha, L = _solve_in_place(K, problem.y, noise=problem.noise)
             del K
         predictor = KernelExpansion(problem.kernel, problem.X, alpha)
         problem.monitor.step(1, predictor)
-        return predictor
+        if not problem.want_variance:
+            return predictor
+        # the exact variance needs this very factor (Rasmussen & Williams 2006, Alg. 2.1): hand it on
+        return Solution(predictor, VarianceFactors("exact", problem.X, L, None, problem.noise))
 
 
-def _solve_in_place(A: Tensor, y: Tensor, *, noise: float) -> Tensor:
+def _solve_in_place(A: Tensor, y: Tensor, *, noise: float) -> tuple[Tensor, Tensor]:
     """``A^{-1} y`` for a symmetric positive definite ``A``, overwriting ``A`` with its Cholesky factor.
+
+    Returns the solution and the lower Cholesky factor ``L`` (only its lower triangle is meaningful;
+    it is ``A``'s memory when LAPACK could factor in place).
 
     On the CPU the C-ordered ``A`` is handed to LAPACK as its (Fortran-ordered) transpose, which is
     the same matrix because ``A`` is symmetric: ``?potrf`` with ``overwrite_a`` factors it where it
@@ -87,7 +94,7 @@ def _solve_in_place(A: Tensor, y: Tensor, *, noise: float) -> Tensor:
         If ``A`` is not numerically positive definite (``A`` is then partly overwritten).
     """
     n = A.shape[0]
-    alpha = None
+    alpha = L = None
     if A.device.type == "cpu":
         potrf, potrs = lapack.get_lapack_funcs(("potrf", "potrs"), (A.numpy(),))
         fortran = A.numpy().T  # a view: the transpose of a symmetric matrix is the matrix
@@ -98,12 +105,14 @@ def _solve_in_place(A: Tensor, y: Tensor, *, noise: float) -> Tensor:
             if info_solve != 0:
                 raise ValueError(f"solver 'exact': LAPACK ?potrs failed with info={info_solve}")
             alpha = torch.from_numpy(solution).to(y.dtype).reshape(y.shape).contiguous()  # LAPACK's is Fortran-ordered
+            L = torch.from_numpy(factor.T)  # the Fortran upper factor read in C order: the lower L
     else:
         info_t = torch.empty((), dtype=torch.int32, device=A.device)
         torch.linalg.cholesky_ex(A, out=(A, info_t))
         info = int(info_t)
         if info == 0:
             alpha = torch.cholesky_solve(y, A)
+            L = A
     if info < 0:
         raise ValueError(f"solver 'exact': LAPACK ?potrf rejected argument {-info}")
     # LAPACK does not always stop at a NaN pivot: a non-finite kernel matrix shows in the solution
@@ -114,7 +123,7 @@ def _solve_in_place(A: Tensor, y: Tensor, *, noise: float) -> Tensor:
             + (" or holds NaN / inf (check the scale of X against the lengthscale)" if non_finite else "")
             + "; increase noise or use float64"
         )
-    return alpha
+    return alpha, L
 
 
 @kgp.hookimpl
