@@ -28,10 +28,11 @@ def test_factor_overwrites_the_matrix_in_place(dtype):
     reference = torch.linalg.cholesky(A)
     expected = torch.cholesky_solve(y, reference)
     pointer = A.data_ptr()
-    alpha = _solve_in_place(A, y, noise=0.1)
+    alpha, L = _solve_in_place(A, y, noise=0.1)
     tol = 1e-10 if dtype == torch.float64 else 2e-3
-    # the buffer now holds the factor: no second n x n array was needed
-    assert A.data_ptr() == pointer
+    # the buffer now holds the factor: no second n x n array was needed, and the returned factor is it
+    assert A.data_ptr() == pointer and L.data_ptr() == pointer
+    assert torch.allclose(torch.tril(L), reference, rtol=tol, atol=tol)
     assert torch.allclose(torch.tril(A), reference, rtol=tol, atol=tol)
     assert torch.allclose(alpha, expected, rtol=tol, atol=tol)
     assert alpha.dtype == dtype and alpha.shape == y.shape
