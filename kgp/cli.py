@@ -126,9 +126,23 @@ def _cmd_demo(args) -> int:
     solvers = args.solver or kgp.registry.registry.names("solver")
     print(
         "kgp demo: UCI concrete compressive strength (shipped with kgp), "
-        f"{n_train} train / {len(te)} test, 8 features, RBF kernel, lengthscale 2, noise 0.05"
+        f"{n_train} train / {len(te)} test, 8 features"
     )
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float64")
+    # the recommended GP: raw features and targets in, everything learned and chosen from the data's size
+    start = time.perf_counter()
+    gp = kgp.KernelRegressor("rbf", learn="auto", random_state=args.seed).fit(X[tr], y[tr])
+    elapsed = time.perf_counter() - start
+    mean, std = gp.predict(X[te], return_std=True, include_noise=True)
+    rmse = float(np.sqrt(np.mean((mean - y[te]) ** 2)))
+    covered = float(np.mean(np.abs(mean - y[te]) <= 1.96 * std))
+    print(
+        f"GP, KernelRegressor('rbf', learn='auto') on the raw data: test RMSE {rmse:.3f} MPa, 95% interval "
+        f"coverage {covered:.1%}, fit {elapsed:.1f} s (solver {gp.solver_name_}, "
+        f"noise std {float(np.sqrt(gp.noise_)) * float(gp._y_train_std[0]):.2f} MPa)"
+    )
+    print("every installed solver with fixed hyperparameters (RBF kernel, lengthscale 2, noise 0.05) on")
+    print("features and targets standardised with the training rows' statistics:")
     print(f"{'solver':<14}{'test RMSE (MPa)':>16}{'test R2':>10}{'fit time (s)':>14}")
     for name in solvers:
         model = kgp.KernelRegressor("rbf", lengthscale=2.0, noise=0.05, solver=name, random_state=args.seed)

@@ -16,6 +16,11 @@ def test_demo_prints_metrics_and_solver(capsys):
     rmse, r2 = float(line.split()[1]), float(line.split()[2])
     assert rmse < 8.0 and r2 > 0.75  # concrete: the mean predictor has RMSE ~15.5 MPa
     assert "fit time" in out
+    # the recommended GP on the raw data: measured 5.05 MPa (below every fixed setting) and 94.7% coverage
+    gp = next(line for line in out.splitlines() if line.startswith("GP, "))
+    gp_rmse = float(gp.split("test RMSE ")[1].split()[0])
+    coverage = float(gp.split("coverage ")[1].split("%")[0])
+    assert gp_rmse < rmse and 85.0 <= coverage <= 99.5
 
 
 def test_fit_predict_csv_with_header(tmp_path, capsys):
