@@ -125,8 +125,7 @@ def _cmd_demo(args) -> int:
     yt = (y - ym) / ys
     solvers = args.solver or kgp.registry.registry.names("solver")
     print(
-        "kgp demo: UCI concrete compressive strength (shipped with kgp), "
-        f"{n_train} train / {len(te)} test, 8 features"
+        f"kgp demo: UCI concrete compressive strength (shipped with kgp), {n_train} train / {len(te)} test, 8 features"
     )
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float64")
     # the recommended GP: raw features and targets in, everything learned and chosen from the data's size
@@ -264,13 +263,28 @@ def _cmd_predict(args) -> int:
         print(f"kgp predict: note: {note}", file=sys.stderr)
     names = getattr(model, "feature_names_in_", None)
     X = NamedColumns(data.X, list(names)) if names is not None else data.X
-    pred = model.predict(X)
+    want_std = args.std or args.calibration_plot is not None
+    if want_std and hasattr(model, "classes_"):
+        raise ValueError("--std: a classifier gives class labels, not a predictive standard deviation")
+    if args.calibration_plot is not None and data.y is None:
+        raise ValueError("--calibration-plot: needs --target (the observed values to compare the intervals with)")
+    std = None
+    if want_std:
+        try:
+            pred, std = model.predict(X, return_std=True, include_noise=True)
+        except ValueError as exc:
+            raise ValueError(f"--std: {exc}") from None
+    else:
+        pred = model.predict(X)
     if args.out:
-        table = np.asarray(pred)
-        if Path(args.out).suffix == ".npy":
-            write = lambda fh: np.save(fh, table)  # noqa: E731
+        table, header = _prediction_table(pred, std)
+        if Path(args.out).suffix == ".npy":  # the predictions as predict returns them; with --std, the table
+            array = np.asarray(pred) if std is None else table
+            write = lambda fh: np.save(fh, array)  # noqa: E731
         else:
-            write = lambda fh: np.savetxt(fh, table.reshape(len(table), -1), delimiter=",", fmt="%s")  # noqa: E731
+            write = lambda fh: np.savetxt(  # noqa: E731
+                fh, table, delimiter=",", fmt="%s", header=",".join(header), comments=""
+            )
         try:
             atomic_write(args.out, write)
         except OSError as exc:
@@ -280,10 +294,57 @@ def _cmd_predict(args) -> int:
     if data.y is not None:
         metric = "accuracy" if hasattr(model, "classes_") else "R2"
         summary += f"; scored against {data.target}: {metric} {model.score(X, data.y):.4f}"
+        if std is not None:
+            y = np.asarray(data.y, dtype=np.float64).reshape(np.shape(pred))
+            mean, sd = np.asarray(pred, dtype=np.float64), np.asarray(std, dtype=np.float64)
+            covered = float(np.mean(np.abs(y - mean) <= 1.959964 * sd))
+            nlpd = float(np.mean(0.5 * np.log(2 * np.pi * sd**2) + (y - mean) ** 2 / (2 * sd**2)))
+            summary += f", 95% interval coverage {covered:.1%}, NLPD {nlpd:.4f}"
+        if args.calibration_plot is not None:
+            _save_calibration_plot(args.calibration_plot, np.asarray(data.y), pred, std)
+            summary += f"; calibration plot saved to {args.calibration_plot}"
     if data.ignored:
         summary += f"; columns not used: {', '.join(data.ignored)}"
     print(summary + (f"; written to {args.out}" if args.out else ""))
     return 0
+
+
+def _prediction_table(pred, std) -> tuple[np.ndarray, list[str]]:
+    """The rows ``kgp predict --out`` writes and their column names."""
+    table = np.asarray(pred)
+    table = table.reshape(len(table), -1)
+    k = table.shape[1]
+    names = ["prediction"] if k == 1 else [f"prediction_{j}" for j in range(k)]
+    if table.dtype.kind not in "fc":  # class labels
+        return table, ["label"]
+    if std is not None:
+        std_table = np.asarray(std).reshape(len(table), -1)
+        table = np.concatenate([table, std_table], axis=1)
+        names += ["std"] if k == 1 else [f"std_{j}" for j in range(k)]
+    return table, names
+
+
+def _save_calibration_plot(path: str, y, mean, std) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ValueError("--calibration-plot: needs matplotlib (pip install 'kgp[plot]')") from None
+    from . import plot
+
+    ax = plot.calibration(
+        y=np.asarray(y, dtype=np.float64).reshape(-1),
+        mean=np.asarray(mean).reshape(-1),
+        std=np.asarray(std).reshape(-1),
+    )
+    try:
+        ax.figure.savefig(path, dpi=120, bbox_inches="tight")
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--calibration-plot: cannot save {path} ({exc})") from None
+    finally:
+        plt.close(ax.figure)
 
 
 def _cmd_plugins(args) -> int:

@@ -175,7 +175,24 @@ def build_parser(fit_cmd, predict_cmd, demo_cmd, plugins_cmd) -> argparse.Argume
     _add_data_args(pred, predict=True)
     pred.add_argument("--device", default=None, help="torch device to predict on (None: CPU)")
     _add_threads(pred)
-    pred.add_argument("--out", help="write predictions here (.csv or .npy); default: print a summary only")
+    pred.add_argument(
+        "--out",
+        help="write predictions here (.csv with a header row, or .npy); default: print a summary only",
+    )
+    pred.add_argument(
+        "--std",
+        action="store_true",
+        help="also the predictive standard deviation of a new observation (noise included): a std column, and "
+        "with --target the 95%% interval coverage and the NLPD in the summary (regressors whose solver gives a "
+        "variance: exact, falkon, eigenpro, and every --learn model)",
+    )
+    pred.add_argument(
+        "--calibration-plot",
+        metavar="FILE",
+        default=None,
+        help="with --target: save a calibration plot (predicted against empirical interval coverage) to FILE "
+        "(.png, .pdf, .svg; needs matplotlib: pip install 'kgp[plot]'); implies --std",
+    )
     pred.set_defaults(func=predict_cmd)
 
     plugins = sub.add_parser(

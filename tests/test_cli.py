@@ -6,6 +6,7 @@ import sys
 import numpy as np
 import pytest
 
+import kgp
 from kgp.cli import main
 
 
@@ -39,7 +40,8 @@ def test_fit_predict_csv_with_header(tmp_path, capsys):
     assert main(["predict", "--model", str(model), "--data", str(data), "--target", "target", "--out", str(preds)]) == 0
     out = capsys.readouterr().out
     assert float(out.split("R2 ")[1].split(";")[0]) > 0.95
-    pred = np.loadtxt(preds, delimiter=",")
+    pred = np.loadtxt(preds, delimiter=",", skiprows=1)  # a header row: "prediction"
+    assert preds.read_text().splitlines()[0] == "prediction"
     assert pred.shape == (80,) and np.corrcoef(pred, y)[0, 1] > 0.97
 
 
@@ -109,3 +111,59 @@ def test_console_script_demo_runs():
     out = subprocess.run([exe, "demo"], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     assert "exact" in out.stdout
+
+
+def test_csv_to_intervals_and_a_calibration_plot_in_three_commands(tmp_path, capsys):
+    """Issue 27: fit a GP from a CSV, predict with std (a std column and coverage) and plot calibration."""
+    pytest.importorskip("matplotlib")
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(300, 2)) * [1.0, 100.0]  # unscaled features: learn='auto' standardises them
+    y = np.sin(X[:, 0]) + 0.01 * X[:, 1] + 0.1 * rng.normal(size=300)
+    header = "a,b,target"
+    np.savetxt(tmp_path / "train.csv", np.c_[X[:200], y[:200]], delimiter=",", header=header, comments="")
+    np.savetxt(tmp_path / "test.csv", np.c_[X[200:], y[200:]], delimiter=",", header=header, comments="")
+    model_file, out, plot_file = tmp_path / "gp.pt", tmp_path / "pred.csv", tmp_path / "calibration.png"
+    assert (
+        main(
+            [
+                "fit",
+                "--data",
+                str(tmp_path / "train.csv"),
+                "--target",
+                "target",
+                "--learn",
+                "auto",
+                "--out",
+                str(model_file),
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "predict",
+                "--model",
+                str(model_file),
+                "--data",
+                str(tmp_path / "test.csv"),
+                "--target",
+                "target",
+                "--std",
+                "--out",
+                str(out),
+                "--calibration-plot",
+                str(plot_file),
+            ]
+        )
+        == 0
+    )
+    summary = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "95% interval coverage" in summary and "NLPD" in summary and plot_file.stat().st_size > 1000
+    coverage = float(summary.split("coverage ")[1].split("%")[0])
+    assert 85.0 <= coverage <= 100.0
+    table = np.genfromtxt(out, delimiter=",", names=True)
+    assert table.dtype.names == ("prediction", "std")
+    mean, std = kgp.load(model_file).predict(X[200:], return_std=True, include_noise=True)
+    np.testing.assert_allclose(table["prediction"], mean, rtol=1e-12)
+    np.testing.assert_allclose(table["std"], std, rtol=1e-12)
