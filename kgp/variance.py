@@ -103,7 +103,10 @@ def latent_variance(kernel: gpytorch.kernels.Kernel, Xq: Tensor, factors: Varian
         for sl in row_slices(0, Xq.shape[0], rows):
             xq = Xq[sl]
             prior = kernel_operator(kernel, xq, xq).diagonal()
-            kx = kernel_operator(kernel, factors.points, xq).to_dense()  # p x b
+            # the stored points as the operator's columns: a stationary kernel centres distances on the
+            # columns' mean, which must not depend on the query batch (a far query row shifted it and
+            # cancelled every other row's variance to 0, issue 23)
+            kx = kernel_operator(kernel, xq, factors.points).to_dense().mT  # p x b
             v = torch.linalg.solve_triangular(factors.chol, kx, upper=False)
             var = prior - v.square().sum(0)
             if factors.kind == "nystrom":

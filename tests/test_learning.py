@@ -7,6 +7,8 @@ hand (learned kernel and noise given to a fixed-hyperparameter fit).
 
 from __future__ import annotations
 
+import warnings
+
 import gpytorch
 import numpy as np
 import pytest
@@ -214,31 +216,104 @@ class _NotPSDAtTwo(_NaNAfterTwo):
         return loss
 
 
+class _NaNAtOne(_NaNAfterTwo):
+    def prepare(self, problem):
+        inner = super().prepare(problem)
+        return lambda noise, mean: inner(noise, mean) * float("nan")
+
+
 class _NaNPlugin:
     @staticmethod
     @kgp.hookimpl
     def register_objectives(register):
         register("nan-after-two", _NaNAfterTwo())
         register("not-psd-at-two", _NotPSDAtTwo())
+        register("nan-at-one", _NaNAtOne())
+
+
+def test_a_failure_after_the_first_step_keeps_the_best_earlier_point():
+    """Issue 23: a NaN objective or a failed factorization at a later step returns the best point, with a warning."""
+    X, y = _gp_draw(60, [0.7], seed=7)
+    kgp.register(_NaNPlugin(), name="nan-plugin")
+    try:
+        with pytest.warns(
+            kgp.ConvergenceWarning,
+            match=r"evaluation 3 failed, so learning stopped there and the best earlier point is kept .*"
+            r"objective is nan at step 3; hyperparameters: outputscale=.*, base_kernel.lengthscale=.*, noise=",
+        ):
+            failed = kgp.KernelRegressor("rbf", learn="nan-after-two", learn_options={"lr": 0.01}).fit(X, y)
+        # the same two evaluations without the failure (the check of the final point is the third call,
+        # which fails too, so the best of the two is kept): the same hyperparameters
+        short = kgp.KernelRegressor("rbf", learn="nan-after-two", learn_options={"lr": 0.01, "iterations": 2}).fit(X, y)
+        assert failed.learn_history_ == short.learn_history_ and len(failed.learn_history_) == 2
+        assert failed.noise_ == short.noise_ and torch.equal(failed.mean_, short.mean_)
+        assert np.array_equal(failed.predict(X), short.predict(X))
+        with pytest.warns(
+            kgp.ConvergenceWarning,
+            match=r"evaluation 2 failed.*learn 'not-psd-at-two': step 2 failed: S \(5 x 5.*Hyperparameters at that "
+            r"step: outputscale=.*noise=.*Remedy: learn_options=\{'optimizer': 'adam'\}",
+        ):
+            kgp.KernelRegressor("rbf", learn="not-psd-at-two", learn_options={"lr": 0.01}).fit(X, y)
+        # no finite point at all: nothing to keep, the error is raised
+        with pytest.raises(kgp.DivergenceError, match=r"objective is nan at step 1"):
+            kgp.KernelRegressor("rbf", learn="nan-at-one", learn_options={"lr": 0.01}).fit(X, y)
+    finally:
+        kgp.unregister("nan-plugin")
+
+
+def test_a_step_size_that_diverges_returns_the_best_point():
+    """Issue 23: lr=50 took the objective from -0.81 to 413,292 and R^2 from 0.996 to -0.10."""
+    X, y = _gp_draw(200, [0.6, 0.9], seed=3)
+    kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=2)).double()
+    with pytest.warns(kgp.ConvergenceWarning, match=r"ended at .*above its best value .*the best point is kept"):
+        result = learn_hyperparameters("exact", X, y, kernel, noise=0.1, options={"lr": 50.0, "iterations": 30})
+    assert result.history[-1] > 10 * abs(result.best_value)  # it did diverge
+    assert result.best_value == min(result.history)
+    assert result.best_step == result.history.index(result.best_value) + 1
+    # the returned hyperparameters are the ones with that value: the first evaluation of a new run from them
+    again = learn_hyperparameters(
+        "exact", X, y, kernel, noise=result.noise, mean=result.mean, options={"iterations": 1, "lr": 1e-300}
+    )
+    assert again.history[0] == pytest.approx(result.best_value, rel=1e-12, abs=1e-12)
+
+
+def test_an_objective_still_falling_at_the_budget_warns():
+    """Issue 23: y on a 1e6 scale without normalize_y learned an interval with 0% coverage, silently."""
+    X, y = _gp_draw(150, [0.7], seed=5)
+    with pytest.warns(kgp.ConvergenceWarning, match=r"still falling when the budget of 20 evaluations ran out"):
+        kgp.KernelRegressor("rbf", learn="exact", normalize_y=False, learn_options={"iterations": 20}).fit(X, 1e6 * y)
+    # on the standardised scale the default budget converges: no warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", kgp.ConvergenceWarning)
+        kgp.KernelRegressor("rbf", learn="exact", normalize_y=True).fit(X, 1e6 * y)
+
+
+def test_ctrl_c_while_learning_keeps_the_best_point_and_finishes_the_fit():
+    """Issue 27: Ctrl-C during learning used to throw the learning away and leave the estimator unfitted."""
+    X, y = _gp_draw(80, [0.7], seed=2)
+    seen = []
+
+    def interrupt_at(step):
+        def callback(info):
+            seen.append(info.iteration)
+            if len(seen) == step:
+                raise KeyboardInterrupt
+
+        return callback
+
+    with pytest.warns(kgp.ConvergenceWarning, match=r"interrupted \(Ctrl-C\) after 5 of 100 evaluations.*best point"):
+        model = kgp.KernelRegressor("rbf", learn="exact", callback=interrupt_at(5)).fit(X, y)
+    assert len(model.learn_history_) == 5 and hasattr(model, "predictor_")
+    # before any point was evaluated there is nothing to keep: the interrupt stops the fit
+    seen.clear()
+    fresh = kgp.KernelRegressor("rbf", learn="exact", callback=interrupt_at(1))
+    with pytest.raises(KeyboardInterrupt):
+        fresh.fit(X, y)
+    assert not hasattr(fresh, "predictor_")
 
 
 def test_bad_input_errors():
     X, y = _gp_draw(60, [0.7], seed=7)
-    kgp.register(_NaNPlugin(), name="nan-plugin")
-    try:
-        with pytest.raises(
-            kgp.DivergenceError,
-            match=r"objective is nan at step 3; hyperparameters: outputscale=.*, base_kernel.lengthscale=.*, noise=",
-        ):
-            kgp.KernelRegressor("rbf", learn="nan-after-two", learn_options={"lr": 0.01}).fit(X, y)
-        with pytest.raises(
-            kgp.linalg.NotPSDError,
-            match=r"learn 'not-psd-at-two': step 2 failed: S \(5 x 5.*Hyperparameters at that step: outputscale=.*"
-            r"noise=.*Remedy: learn_options=\{'optimizer': 'adam'\}",
-        ):
-            kgp.KernelRegressor("rbf", learn="not-psd-at-two", learn_options={"lr": 0.01}).fit(X, y)
-    finally:
-        kgp.unregister("nan-plugin")
     with pytest.raises(
         UnknownPluginError, match=r"unknown objective 'sgrp'; available objectives: exact, holdout, sgpr"
     ):

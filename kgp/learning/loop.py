@@ -15,6 +15,8 @@ divided by n, which is GPyTorch's ``ExactMarginalLogLikelihood`` convention (its
 
 from __future__ import annotations
 
+import math
+import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -22,7 +24,7 @@ import gpytorch
 import torch
 from torch import Tensor
 
-from ..diagnostics import DivergenceError
+from ..diagnostics import ConvergenceWarning, DivergenceError
 from ..linalg import NotPSDError
 from ..monitor import Monitor
 from ..options import Option, merge_options
@@ -88,6 +90,14 @@ class LearnResult:
     refit:
         With ``refit_subset``: what the refit changed (:class:`kgp.learning.refit.RefitResult` as a
         dict), else None.
+    best_value, best_step:
+        The minimised value of the returned hyperparameters and the evaluation (1-based index into
+        ``history``) where it was reached; ``best_step`` is ``len(history) + 1`` when the point after the
+        last update was the best (it is evaluated once more, without a gradient, to know).
+    stopped:
+        Why the loop ended: ``"budget"`` (all iterations ran), ``"callback"`` (the monitor's callback
+        asked), ``"interrupted"`` (Ctrl-C), or ``"failed: ..."`` (a later step failed; the best earlier
+        point is returned and a :class:`kgp.ConvergenceWarning` says so).
     """
 
     kernel: gpytorch.kernels.Kernel
@@ -96,6 +106,9 @@ class LearnResult:
     history: list[float] = field(default_factory=list)
     options: dict[str, Any] = field(default_factory=dict)
     refit: dict[str, Any] | None = None
+    best_value: float = math.nan
+    best_step: int = 0
+    stopped: str = "budget"
 
 
 def split_learn_options(name: str, objective: Any, given: dict[str, Any] | None) -> tuple[dict, dict]:
@@ -288,20 +301,48 @@ def learn_hyperparameters(
                 raise _Stop
             return value
 
+        best = _BestPoint(trained)
+        stopped = "budget"
         try:
             if optimizer == "adam":
                 opt = torch.optim.Adam(trained, lr=lr)
                 for _ in range(iterations):
-                    evaluate()
+                    best.offer(evaluate(), len(history))
                     opt.step()
             else:
                 # one L-BFGS run: its own iteration and evaluation counts bound the work
                 opt = torch.optim.LBFGS(
                     trained, lr=lr, max_iter=iterations, max_eval=iterations, line_search_fn="strong_wolfe"
                 )
-                opt.step(evaluate)
+
+                def closure() -> Tensor:
+                    value = evaluate()
+                    best.offer(value, len(history))
+                    return value
+
+                opt.step(closure)
         except _Stop:
-            pass  # the user's callback asked to stop; keep the current values
+            stopped = "callback"  # the user's callback asked to stop; keep the best values
+        except KeyboardInterrupt:
+            # Ctrl-C ends the learning, not the fit, once a point exists (issue 27): the solve runs with the
+            # best point found; a second Ctrl-C stops the fit. Ranks of a distributed fit would disagree.
+            if best.step == 0 or shard is not None:
+                raise
+            stopped = "interrupted"
+        except (DivergenceError, NotPSDError) as exc:
+            if best.step == 0:  # no point was evaluated: nothing to fall back to
+                raise
+            stopped = f"failed: {exc}"
+        if stopped in ("budget", "callback"):
+            # the point after the last update has not been evaluated: compare it with the best one
+            with torch.no_grad():
+                try:
+                    final = float(total())
+                except NotPSDError:
+                    final = math.nan
+            best.offer_final(final, len(history) + 1)
+        best.restore()
+    _report_learning(objective, stopped, best, history, iterations, lr)
     if not all(bool(torch.isfinite(t).all()) for t in trained):
         _check_finite(
             torch.tensor(float("nan")), objective, len(history) + 1, kernel, constraint.transform(raw_noise), mean_t
@@ -330,7 +371,102 @@ def learn_hyperparameters(
         history=history,
         options={**loop, **obj_options},
         refit=refit,
+        best_value=best.value,
+        best_step=best.step,
+        stopped=stopped,
     )
+
+
+class _BestPoint:
+    """The trained tensors at the lowest objective value evaluated so far (issue 23: never return worse)."""
+
+    def __init__(self, trained: list[Tensor]):
+        self.trained = trained
+        self.value = math.inf
+        self.step = 0
+        self.saved: list[Tensor] | None = None
+        self.final: float | None = None
+
+    def offer(self, value: Tensor, step: int) -> None:
+        v = float(value.detach())
+        if v < self.value:  # NaN never compares lower
+            self.value, self.step = v, step
+            self.saved = [t.detach().clone() for t in self.trained]
+
+    def offer_final(self, value: float, step: int) -> None:
+        self.final = value
+        if value <= self.value:
+            self.value, self.step, self.saved = value, step, None  # the current tensors are the best
+
+    def restore(self) -> None:
+        if self.saved is not None:
+            with torch.no_grad():
+                for t, saved in zip(self.trained, self.saved):
+                    t.copy_(saved)
+
+
+# The objective is "still falling" when its last quarter of evaluations lowered it by more than this
+# fraction of the whole run's decrease, and by more than _STILL_FALLING_NATS per point (smaller changes
+# do not move predictions). Converged Adam runs of learn="auto" on the six benchmark sets lowered it by
+# far less in their last quarter (docs/benchmarks/gp-default.md).
+_STILL_FALLING_FRACTION = 0.1
+_STILL_FALLING_NATS = 1e-3
+_ASTRAY_FRACTION = 0.1
+
+
+def _report_learning(
+    objective: str, stopped: str, best: _BestPoint, history: list[float], iterations: int, lr: float
+) -> None:
+    """Warn (kgp.ConvergenceWarning) when the returned point is not the run's natural end."""
+    name = f"learn {objective!r}"
+    if stopped == "interrupted":
+        warnings.warn(
+            f"{name}: interrupted (Ctrl-C) after {len(history)} of {iterations} evaluations; the fit goes on with "
+            f"the best point found (objective {best.value:.6g} at evaluation {best.step}); press Ctrl-C again to "
+            "stop the fit",
+            ConvergenceWarning,
+            stacklevel=3,
+        )
+        return
+    if stopped.startswith("failed: "):
+        warnings.warn(
+            f"{name}: evaluation {len(history) + 1} failed, so learning stopped there and the best earlier point is "
+            f"kept (objective {best.value:.6g} at evaluation {best.step}). The failure: {stopped[8:]}",
+            ConvergenceWarning,
+            stacklevel=3,
+        )
+        return
+    if not history:
+        return
+    start, final = history[0], best.final if best.final is not None else history[-1]
+    # Adam ends a little above its best point routinely (the best point is then kept without a word); a
+    # final value above the best by a tenth of the run's decrease is a run that went astray
+    astray = final - best.value > max(_ASTRAY_FRACTION * (start - best.value), _STILL_FALLING_NATS)
+    if best.saved is not None and (astray or not math.isfinite(final)):
+        ended = f"ended at {final:.6g}" if math.isfinite(final) else "was not finite at the final point"
+        warnings.warn(
+            f"{name}: the objective {ended}, above its best value {best.value:.6g} (evaluation {best.step} of "
+            f"{len(history)}): the best point is kept. Likely cause: a step size too large for this objective "
+            f"(lr={lr:g}); remedy: a smaller learn_options['lr']",
+            ConvergenceWarning,
+            stacklevel=3,
+        )
+        return
+    if stopped != "budget" or len(history) < 8:
+        return
+    tail = max(2, len(history) // 4)
+    whole = start - best.value
+    recent = history[-tail] - best.value
+    if recent > _STILL_FALLING_FRACTION * whole and recent > _STILL_FALLING_NATS:
+        warnings.warn(
+            f"{name}: the objective was still falling when the budget of {iterations} evaluations ran out (it "
+            f"fell {recent:.3g} per point over the last {tail}, {recent / whole:.0%} of the run's decrease): the "
+            "hyperparameters may be far from the optimum. Likely cause: targets or inputs on a scale far from 1 "
+            "(use normalize_y=True / normalize_X=True) or too few iterations; remedy: raise "
+            "learn_options['iterations'] or the step size learn_options['lr']",
+            ConvergenceWarning,
+            stacklevel=3,
+        )
 
 
 def _feature_scale(X: Tensor, shard: Any) -> Tensor:

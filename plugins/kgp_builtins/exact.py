@@ -1,7 +1,7 @@
 """Solver ``exact``: the dense oracle, alpha = (K + sigma^2 I)^{-1} y by Cholesky.
 
-O(n^3) time and one n x n matrix of memory: the kernel matrix is factored and solved in place
-(LAPACK ``?potrf`` / ``?potrs`` through scipy on the CPU), so the peak is the kernel matrix itself
+O(n^3) time and one n x n matrix of memory: the kernel matrix is factored and solved in place (blocked
+Cholesky of :mod:`kgp.linalg`, on any device), so the peak is the kernel matrix itself
 (measured in docs/solvers/exact.md). It refuses n above ``kgp.settings.max_exact_size`` (default
 20,000; env ``KGP_MAX_EXACT_SIZE``) and a kernel matrix larger than ``kgp.settings.memory_budget``.
 Its predictor is the kernel expansion over all training points: exactly the GP posterior mean with
@@ -11,12 +11,11 @@ fixed noise, or kernel ridge regression with sklearn's ``alpha = sigma^2`` (FALK
 from __future__ import annotations
 
 import torch
-from scipy.linalg import lapack
 from torch import Tensor
 
 import kgp
 from kgp import settings
-from kgp.linalg import NotPSDError
+from kgp.linalg import NotPSDError, cholesky_in_place, solve_lower_in_place
 from kgp.plugin import KernelExpansion, Problem, Solution
 from kgp.variance import VarianceFactors
 
@@ -79,49 +78,27 @@ class ExactSolver:
 def _solve_in_place(A: Tensor, y: Tensor, *, noise: float) -> tuple[Tensor, Tensor]:
     """``A^{-1} y`` for a symmetric positive definite ``A``, overwriting ``A`` with its Cholesky factor.
 
-    Returns the solution and the lower Cholesky factor ``L`` (only its lower triangle is meaningful;
-    it is ``A``'s memory when LAPACK could factor in place).
-
-    On the CPU the C-ordered ``A`` is handed to LAPACK as its (Fortran-ordered) transpose, which is
-    the same matrix because ``A`` is symmetric: ``?potrf`` with ``overwrite_a`` factors it where it
-    lies and ``?potrs`` solves from the factor, so no second n x n array exists (``torch.linalg.cholesky``
-    returns a new factor and copies its input once more: 3x the matrix at the peak). On other devices
-    ``torch.linalg.cholesky_ex(out=)`` writes the factor into ``A`` (the backend may still copy once).
+    Returns the solution and the lower Cholesky factor ``L``, which is ``A``'s memory: the blocked
+    factorisation and substitutions of :mod:`kgp.linalg` allocate one ``n x 1024`` panel at most, so no
+    second ``n x n`` array exists (``torch.linalg.cholesky`` copies its input even with ``out=``, and
+    scipy's bundled OpenBLAS ``?potrf`` crashed the process at n = 32,000 on the development host).
 
     Raises
     ------
     NotPSDError
-        If ``A`` is not numerically positive definite (``A`` is then partly overwritten).
+        If ``A`` is not numerically positive definite or not finite (``A`` is then partly overwritten).
     """
     n = A.shape[0]
-    alpha = L = None
-    if A.device.type == "cpu":
-        potrf, potrs = lapack.get_lapack_funcs(("potrf", "potrs"), (A.numpy(),))
-        fortran = A.numpy().T  # a view: the transpose of a symmetric matrix is the matrix
-        # if scipy could not use the buffer it would copy (2x peak), never give a wrong answer
-        factor, info = potrf(fortran, lower=0, overwrite_a=1, clean=0)
-        if info == 0:
-            solution, info_solve = potrs(factor, y.detach().numpy(), lower=0)
-            if info_solve != 0:
-                raise ValueError(f"solver 'exact': LAPACK ?potrs failed with info={info_solve}")
-            alpha = torch.from_numpy(solution).to(y.dtype).reshape(y.shape).contiguous()  # LAPACK's is Fortran-ordered
-            L = torch.from_numpy(factor.T)  # the Fortran upper factor read in C order: the lower L
-    else:
-        info_t = torch.empty((), dtype=torch.int32, device=A.device)
-        torch.linalg.cholesky_ex(A, out=(A, info_t))
-        info = int(info_t)
-        if info == 0:
-            alpha = torch.cholesky_solve(y, A)
-            L = A
-    if info < 0:
-        raise ValueError(f"solver 'exact': LAPACK ?potrf rejected argument {-info}")
-    # LAPACK does not always stop at a NaN pivot: a non-finite kernel matrix shows in the solution
-    non_finite = alpha is not None and not bool(torch.isfinite(alpha).all())
-    if alpha is None or non_finite:
+    remedy = "increase noise or use float64"
+    what = f"solver 'exact': K + noise*I with noise={noise:g}"
+    L = cholesky_in_place(A, what=what, remedy=remedy)
+    B = y.detach().reshape(n, -1).to(A.dtype).clone()
+    alpha = solve_lower_in_place(L, solve_lower_in_place(L, B), transpose=True).reshape(y.shape)
+    # a non-finite kernel matrix can pass the pivots (inf - inf) and show only in the solution
+    if not bool(torch.isfinite(alpha).all()):
         raise NotPSDError(
-            f"solver 'exact': K + noise*I with noise={noise:g} ({n} x {n}, {A.dtype}) is not positive definite"
-            + (" or holds NaN / inf (check the scale of X against the lengthscale)" if non_finite else "")
-            + "; increase noise or use float64"
+            f"{what} ({n} x {n}, {A.dtype}) is not positive definite or holds NaN / inf (check the scale of X "
+            f"against the lengthscale); {remedy}"
         )
     return alpha, L
 

@@ -27,8 +27,9 @@ Numerics (see docs/solvers/falkon.md for the measurements behind these choices):
 - ``factorization="pivoted"``: a pivoted Cholesky (LAPACK ``?pstrf``) that stops at pivots below
   ``rcond`` times the top eigenvalue; the dropped centers get ``alpha = 0`` and ``Q`` of Def. 3 is
   the column selection of the kept ones. ``O(M q^2)``: for large M with a low numerical rank.
-- ``A = chol(T T^T / M + lambda I)`` with ``T T^T = L^T L`` formed by LAPACK ``?lauum`` on the CPU
-  (a sixth of a GEMM's flops, 7.5 s instead of 25 s at M = 10,000) and factored in place.
+- ``T`` and ``A = chol(T T^T / M + lambda I)`` are blocked Cholesky factorisations written in place, with
+  ``T T^T = L^T L`` formed in ``M^3 / 3`` flops (:mod:`kgp.linalg`): two ``M x M`` arrays at the peak, any
+  M that memory holds (scipy's ``?lauum`` crashed at M = 16,000).
 - Every not-positive-definite failure (``factorization="cholesky"`` on a rank-deficient ``K_MM``, a
   kernel with a non-positive diagonal, ``A`` in too low a precision) raises
   :class:`kgp.linalg.NotPSDError` naming the matrix and a remedy.
@@ -42,7 +43,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from kgp.linalg import NotPSDError, largest_eigenvalue, psd_cholesky
+from kgp.linalg import NotPSDError, cholesky_in_place, largest_eigenvalue
 from kgp.options import InvalidOptionError
 from kgp.plugin import Problem
 
@@ -191,9 +192,9 @@ def build_preconditioner(
         G.diagonal().add_(shift)
         try:
             # the jitter is fixed, never grown (max_tries=0): eigh takes over instead
-            L = psd_cholesky(
+            # written over G: one M x M array at the peak instead of two
+            L = cholesky_in_place(
                 G,
-                max_tries=0,
                 what="solver 'falkon': D K_MM D + jitter * mean(diag) * I",
                 remedy="K_MM is rank deficient (e.g. duplicate centers); use solver option "
                 "factorization='auto', 'pivoted' or 'eigh', or a larger 'jitter'",
@@ -202,7 +203,7 @@ def build_preconditioner(
             if method == "cholesky":
                 raise
             L = None
-        del G  # before A is formed: one M x M array less at the peak
+        del G
         prec = None
         if L is not None:
             try:

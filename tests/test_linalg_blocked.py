@@ -1,0 +1,67 @@
+"""Blocked in-place Cholesky, triangular solves and L^T L (kgp.linalg) against torch's dense routines."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kgp.linalg import NotPSDError, cholesky_in_place, gram_of_lower, solve_lower_in_place
+
+DTYPES = [torch.float32, torch.float64]
+
+
+def spd(n: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(n, n + 5, generator=g, dtype=torch.float64)
+    A = X @ X.mT / n
+    A.diagonal().add_(0.5)  # condition number about 10: the error bounds below are not dominated by it
+    return A.to(dtype)
+
+
+def tolerance(n: int, dtype: torch.dtype) -> float:
+    # Cholesky and substitution are backward stable with an error of order n eps (Higham, Thm 10.3 and
+    # 8.5); with condition number ~10 the forward error of the factor stays below 10 n eps
+    return 10 * n * torch.finfo(dtype).eps
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("n", "block"), [(1, 4), (7, 3), (130, 32), (257, 64), (300, 1024)])
+def test_blocked_cholesky_matches_torch_and_reads_only_the_lower_triangle(n, block, dtype):
+    A = spd(n, dtype)
+    ref = torch.linalg.cholesky(A.double())
+    work = A.tril() + 1e3 * torch.ones(n, n, dtype=dtype).triu(1)  # a stale upper triangle must not matter
+    L = cholesky_in_place(work, block=block)
+    assert L.data_ptr() == work.data_ptr()
+    assert torch.equal(L.triu(1), torch.zeros_like(L))
+    assert (L.double() - ref).abs().max() <= tolerance(n, dtype) * ref.abs().max()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("transpose", [False, True])
+def test_blocked_triangular_solve(dtype, transpose):
+    n, block = 200, 48
+    L = torch.linalg.cholesky(spd(n, torch.float64))
+    B = torch.randn(n, 3, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    expected = torch.linalg.solve_triangular(L.mT if transpose else L, B, upper=transpose)
+    out = solve_lower_in_place(L.to(dtype), B.to(dtype), transpose=transpose, block=block)
+    assert (out.double() - expected).abs().max() <= tolerance(n, dtype) * expected.abs().max()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gram_of_lower_is_the_lower_triangle_of_LtL(dtype):
+    n, block = 150, 40
+    L = torch.linalg.cholesky(spd(n, torch.float64)).to(dtype)
+    G = gram_of_lower(L, block=block)
+    expected = (L.double().mT @ L.double()).tril()
+    assert (G.double().tril() - expected).abs().max() <= n * torch.finfo(dtype).eps * expected.abs().max()
+
+
+def test_not_positive_definite_names_the_matrix():
+    A = torch.eye(5, dtype=torch.float64)
+    A[3, 3] = -1.0
+    with pytest.raises(NotPSDError, match=r"the kernel \(5 x 5, torch.float64\) is not positive definite; add noise"):
+        cholesky_in_place(A, what="the kernel", remedy="add noise", block=2)
+    A = torch.eye(5, dtype=torch.float64)
+    A[4, 4] = float("nan")
+    with pytest.raises(NotPSDError):
+        cholesky_in_place(A, block=2)
