@@ -192,12 +192,17 @@ def default_call(split: uci.Split, seed: int = 0) -> dict:
     fit_seconds = time.perf_counter() - start
     mean, std = model.predict(split.X_test, return_std=True, include_noise=True)
     recipe = model.recipe_
+    history = np.asarray(model.learn_history_)
+    tail = max(2, len(history) // 4)
     return {
+        # how far learning was from converged: the decrease over its last quarter against the whole run's
+        "learn_recent_drop": float(history[-tail] - history.min()) if history.size else None,
+        "learn_whole_drop": float(history[0] - history.min()) if history.size else None,
         **scores(mean, std, split.y_test),
         "seconds": time.perf_counter() - start,
         "fit_seconds": fit_seconds,
         "noise": float(model.noise_),
-        "chose": {k: v for k, v in vars(recipe).items() if k != "reasons"} if recipe is not None else None,
+        "chose": {k: v for k, v in recipe.items() if k != "reasons"} if recipe else None,
     }
 
 

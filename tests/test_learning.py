@@ -304,6 +304,7 @@ def test_ctrl_c_while_learning_keeps_the_best_point_and_finishes_the_fit():
     with pytest.warns(kgp.ConvergenceWarning, match=r"interrupted \(Ctrl-C\) after 5 of 100 evaluations.*best point"):
         model = kgp.KernelRegressor("rbf", learn="exact", callback=interrupt_at(5)).fit(X, y)
     assert len(model.learn_history_) == 5 and hasattr(model, "predictor_")
+    assert model.learn_summary_["stopped"] == "interrupted" and model.learn_summary_["evaluations"] == 5
     # before any point was evaluated there is nothing to keep: the interrupt stops the fit
     seen.clear()
     fresh = kgp.KernelRegressor("rbf", learn="exact", callback=interrupt_at(1))

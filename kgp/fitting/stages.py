@@ -92,7 +92,8 @@ class Learned:
 
     ``kernel`` holds the kernel hyperparameters; ``noise`` is sigma^2 and ``mean`` the constant mean per
     output, both in the scaled target units; ``history`` the minimised value per objective evaluation;
-    ``refit`` what ``refit_subset`` changed (or None).
+    ``refit`` what ``refit_subset`` changed (or None); ``summary`` how learning ended (the objective, the
+    evaluations, the best value and where it was reached, why it stopped; None without learning).
     """
 
     kernel: gpytorch.kernels.Kernel
@@ -100,6 +101,7 @@ class Learned:
     mean: Tensor
     history: list[float] = field(default_factory=list)
     refit: dict[str, Any] | None = None
+    summary: dict[str, Any] | None = None
 
 
 def learn(
@@ -131,7 +133,14 @@ def learn(
     rows.comm.replicate_([p.data for p in kernel.parameters()] + [result.mean])
     for p in kernel.parameters():  # detached from the optimiser's graph (parameters keep requires_grad)
         p.grad = None
-    return Learned(kernel, result.noise, result.mean, result.history, result.refit)
+    summary = {
+        "objective": plan.objective.name,
+        "evaluations": len(result.history),
+        "best_value": result.best_value,
+        "best_evaluation": result.best_step,
+        "stopped": result.stopped,
+    }
+    return Learned(kernel, result.noise, result.mean, result.history, result.refit, summary)
 
 
 # ---------------------------------------------------------------------- stage 3: solve

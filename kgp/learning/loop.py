@@ -342,7 +342,7 @@ def learn_hyperparameters(
                     final = math.nan
             best.offer_final(final, len(history) + 1)
         best.restore()
-    _report_learning(objective, stopped, best, history, iterations, lr)
+    _report_learning(objective, stopped, best, history, iterations, lr, _white_noise_nll(obj, Y, shard))
     if not all(bool(torch.isfinite(t).all()) for t in trained):
         _check_finite(
             torch.tensor(float("nan")), objective, len(history) + 1, kernel, constraint.transform(raw_noise), mean_t
@@ -412,10 +412,30 @@ class _BestPoint:
 _STILL_FALLING_FRACTION = 0.1
 _STILL_FALLING_NATS = 1e-3
 _ASTRAY_FRACTION = 0.1
+_WHITE_NOISE_MARGIN = 0.5  # nats per point
+
+
+def _white_noise_nll(obj: Any, Y: Tensor, shard: Any) -> float | None:
+    """Per-point negative log likelihood of the constant-mean, white-noise model at the targets' variance.
+
+    ``1/2 log(2 pi e var(y))`` averaged over outputs: every GP whose kernel can shrink to 0 does at least
+    this well, so a likelihood objective (``per_point_nll = True``) that ends above it has not converged.
+    None for other objectives and in a distributed fit (the variance would need all ranks' rows).
+    """
+    if not getattr(obj, "per_point_nll", False) or shard is not None or Y.shape[0] < 2:
+        return None
+    var = Y.detach().double().var(dim=0).clamp_min(1e-300)
+    return float((0.5 * torch.log(2 * math.pi * math.e * var)).mean())
 
 
 def _report_learning(
-    objective: str, stopped: str, best: _BestPoint, history: list[float], iterations: int, lr: float
+    objective: str,
+    stopped: str,
+    best: _BestPoint,
+    history: list[float],
+    iterations: int,
+    lr: float,
+    white_noise: float | None = None,
 ) -> None:
     """Warn (kgp.ConvergenceWarning) when the returned point is not the run's natural end."""
     name = f"learn {objective!r}"
@@ -457,11 +477,19 @@ def _report_learning(
     tail = max(2, len(history) // 4)
     whole = start - best.value
     recent = history[-tail] - best.value
-    if recent > _STILL_FALLING_FRACTION * whole and recent > _STILL_FALLING_NATS:
+    # a likelihood still above the white-noise model's has not even reached the trivial fit
+    above_trivial = white_noise is not None and best.value > white_noise + _WHITE_NOISE_MARGIN
+    if recent > _STILL_FALLING_NATS and (recent > _STILL_FALLING_FRACTION * whole or above_trivial):
+        trivial = (
+            f"; its best value {best.value:.4g} is above the {white_noise:.4g} of a constant predictor with the "
+            "targets' variance as noise"
+            if above_trivial
+            else ""
+        )
         warnings.warn(
             f"{name}: the objective was still falling when the budget of {iterations} evaluations ran out (it "
-            f"fell {recent:.3g} per point over the last {tail}, {recent / whole:.0%} of the run's decrease): the "
-            "hyperparameters may be far from the optimum. Likely cause: targets or inputs on a scale far from 1 "
+            f"fell {recent:.3g} per point over the last {tail}, {recent / whole:.0%} of the run's decrease{trivial}):"
+            " the hyperparameters may be far from the optimum. Likely cause: targets or inputs on a scale far from 1 "
             "(use normalize_y=True / normalize_X=True) or too few iterations; remedy: raise "
             "learn_options['iterations'] or the step size learn_options['lr']",
             ConvergenceWarning,

@@ -299,6 +299,8 @@ class BaseKernelModel(SklearnProtocol):
         self.center_weights_ = None if centers is None else centers.weights
         self.selection_info_ = {} if centers is None else centers.info
         self.learn_history_ = list(result.learned.history)
+        # how learning ended (best point, why it stopped); None without learning and after kgp.load
+        self.learn_summary_ = result.learned.summary
         self.learn_refit_ = result.learned.refit
         self.history_ = result.history
         self.seed_ = seed

@@ -40,7 +40,9 @@ class KernelRegressor(BaseKernelModel):
     noise:
         GP observation-noise variance sigma^2 > 0 (default 1e-2).
     solver:
-        Solver plugin name (``kgp plugins`` lists them). Default ``"exact"``.
+        Solver plugin name (``kgp plugins`` lists them), or ``"auto"`` (default): the exact solve while the
+        dense n x n matrix fits ``kgp.settings.memory_budget`` and ``max_exact_size``, else FALKON on as many
+        uniform centers as the budget holds (up to 15,000); the choice and its reason are in ``recipe_``.
     centers:
         Center-selector plugin name (default ``"uniform"`` for solvers that use centers) or an
         ``M x d`` array/tensor of centers (not necessarily training points).
@@ -60,6 +62,28 @@ class KernelRegressor(BaseKernelModel):
         iteration; returning True stops early.
     progress:
         Show a tqdm progress bar for iterative solvers.
+    learn:
+        None (default: the hyperparameters given are used as they are), an objective plugin name
+        (``"exact"``, ``"sgpr"``, ``"holdout"``; ``kgp plugins``), or ``"auto"``: **the recommended GP** --
+        the exact marginal likelihood on min(n, 3,000) random rows by 100 Adam steps, then the solve of
+        ``solver`` (measured against the exact GP and GPyTorch's SGPR in docs/benchmarks/gp-default.md).
+        Learns the kernel's hyperparameters, the noise variance and a constant mean; the best point
+        evaluated is kept, and a :class:`kgp.ConvergenceWarning` says when learning failed, went astray or
+        was still improving at its budget.
+    learn_options:
+        Options of the learning loop (``iterations``, ``lr``, ``optimizer``, ``min_noise``, ``refit_subset``,
+        ...) and of the objective (e.g. ``subset`` for ``"exact"``); ``kgp plugins --options exact`` lists
+        them. Unknown keys raise ValueError listing the valid ones.
+    ard:
+        One lengthscale per feature for shortcut kernels. None (default): on when learning, off otherwise.
+    normalize_y:
+        Standardise the targets (mean and std per output) for the fit and undo it in predictions and stds.
+        None (default): on when learning.
+    normalize_X:
+        Standardise the feature columns with the training mean and std (constant columns keep scale 1);
+        ``predict`` and ``centers_`` take and give the user's units, while ``kernel_`` (its lengthscales)
+        acts on the standardised columns (``posterior_.input_scaling`` holds the mean and std). None
+        (default): on when learning, where unscaled columns learned a constant predictor (issue 27).
 
     Attributes
     ----------
@@ -73,6 +97,15 @@ class KernelRegressor(BaseKernelModel):
         Centers used (None for solvers without centers) and their weights (None: uniform).
     history_:
         List of :class:`kgp.IterationInfo` reported during the fit.
+    recipe_:
+        What ``solver="auto"`` / ``learn="auto"`` chose (solver, n_centers, learn, learn_options) and why
+        (``reasons``); None when nothing was left to the recipe.
+    noise_, mean_:
+        The noise variance and constant mean used (learned with ``learn``), in the targets' units.
+    learn_history_, learn_summary_, learn_refit_:
+        The minimised objective per evaluation; how learning ended (``objective``, ``evaluations``,
+        ``best_value``, ``best_evaluation``, ``stopped``: ``"budget"``, ``"callback"``, ``"interrupted"``
+        or ``"failed: ..."``; None without learning and after ``kgp.load``); what ``refit_subset`` changed.
     fit_time_, seed_, n_features_in_, n_outputs_:
         Fit wall time (s), seed used, number of features, number of outputs.
     shard_:

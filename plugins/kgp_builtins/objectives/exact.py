@@ -36,6 +36,9 @@ class ExactObjective:
             help="rows drawn at random for the likelihood (None: all, up to kgp.settings.max_exact_size)",
         ),
     }
+    # the value is -log p(y) (or a bound on it) per point and output: the loop compares it with the
+    # white-noise model's to tell an unconverged run
+    per_point_nll = True
     uses_centers = False
     # distributed: only with ``subset``, whose rows every rank gathers (it never holds all n rows)
     supports_distributed = True

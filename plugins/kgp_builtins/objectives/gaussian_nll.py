@@ -7,7 +7,10 @@ n = 1,500). The gradient has a closed form (Rasmussen & Williams 2006, eq. 5.9):
 
     df/dC = 1/2 (k C^{-1} - alpha alpha^T),        df/dR = alpha,
 
-and ``C^{-1}`` from the Cholesky factor is one ``cholesky_inverse`` (about n^3 / 1.5 flops).
+and ``C^{-1}`` comes from the Cholesky factor by ``cholesky_solve`` of the identity: more flops than
+``cholesky_inverse`` (LAPACK ``?potri``) but in triangular solves that run at GEMM speed; ``?potri`` took
+2.4x longer at n = 3,000 on the development host (3.3 s against 8.0 s, two threads, loaded), and the
+inverse is most of an ``exact`` step.
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ class GaussianNLL(torch.autograd.Function):
         L, alpha = ctx.saved_tensors
         grad_C = grad_R = None
         if ctx.needs_input_grad[0]:
-            grad_C = torch.cholesky_inverse(L).mul_(0.5 * alpha.shape[1])
+            eye = torch.eye(L.shape[0], dtype=L.dtype, device=L.device)
+            grad_C = torch.cholesky_solve(eye, L).mul_(0.5 * alpha.shape[1])
             grad_C.addmm_(alpha, alpha.T, alpha=-0.5).mul_(grad)
         if ctx.needs_input_grad[1]:
             grad_R = alpha * grad

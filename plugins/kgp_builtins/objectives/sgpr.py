@@ -57,6 +57,9 @@ class SGPRObjective:
             help="rows drawn afresh per evaluation (stochastic bound, for Adam at n >> 1e6); None: all rows",
         ),
     }
+    # the value is -log p(y) (or a bound on it) per point and output: the loop compares it with the
+    # white-noise model's to tell an unconverged run
+    per_point_nll = True
     uses_centers = True
     supports_distributed = True  # the four row sums are summed over the ranks (differentiable_sum)
 
