@@ -7,7 +7,14 @@ import math
 import numpy as np
 import pytest
 import torch
-from kgp_builtins.recipes.rule import ADAM_STEPS, MAX_CENTERS, SUBSET, exact_limit, nystrom_centers
+from kgp_builtins.recipes.rule import (
+    ADAM_STEPS,
+    MAX_CENTERS,
+    MAX_VARIANCE_FLOPS,
+    SUBSET,
+    exact_limit,
+    nystrom_centers,
+)
 
 import kgp
 from kgp.recipes import RecipeChoice, RecipeRequest
@@ -39,15 +46,18 @@ def test_the_rule_in_closed_form():
     assert exact_limit(_request(10, budget=8 * 10_000**2)) == 10_000
     assert exact_limit(_request(10, budget=4 * 10_000**2, dtype=torch.float32)) == 10_000
     assert exact_limit(_request(10, budget=2**40, max_exact=123)) == 123
-    # centers: five float64 M x M arrays in the budget, at most MAX_CENTERS, at most n
-    assert nystrom_centers(_request(10**6, budget=40 * 9_000**2)) == 9_000
-    assert nystrom_centers(_request(10**6, budget=2**40)) == MAX_CENTERS
+    # centers: five float64 M x M arrays in the budget, at most MAX_CENTERS, at most n, at most
+    # sqrt(MAX_VARIANCE_FLOPS / n) (the variance's n M^2 flops: 1.5e13 -> 12,247 at n = 100,000)
+    assert nystrom_centers(_request(60_000, budget=40 * 9_000**2)) == 9_000
+    assert nystrom_centers(_request(60_000, budget=2**40)) == MAX_CENTERS
     assert nystrom_centers(_request(5_000, budget=2**40)) == 5_000
+    assert nystrom_centers(_request(219_000, budget=2**40)) == math.isqrt(int(MAX_VARIANCE_FLOPS // 219_000)) == 8_276
+    assert nystrom_centers(_request(10**9, budget=2**40)) == 122
     recipe = kgp.registry.get_recipe("auto")
     small = recipe.choose(_request(1_000))
     assert small.solver == "exact" and small.n_centers is None and small.learn == "exact"
     assert small.learn_options == {"optimizer": "adam", "iterations": ADAM_STEPS}  # n <= SUBSET: all rows
-    big = recipe.choose(_request(100_000, budget=40 * 12_000**2))
+    big = recipe.choose(_request(60_000, budget=40 * 12_000**2))
     assert big.solver == "falkon" and big.n_centers == 12_000
     assert big.learn_options == {"optimizer": "adam", "iterations": ADAM_STEPS, "subset": SUBSET}
     assert set(big.reasons) == {"solver", "n_centers", "learn"}
@@ -109,4 +119,4 @@ def test_a_recipe_that_answers_badly_is_named(monkeypatch):
 
 def test_the_memory_rule_follows_the_setting():
     budget = 40 * 20_000**2
-    assert nystrom_centers(_request(10**6, budget=budget)) == min(MAX_CENTERS, math.isqrt(budget // 40))
+    assert nystrom_centers(_request(60_000, budget=budget)) == min(MAX_CENTERS, math.isqrt(budget // 40))

@@ -10,7 +10,10 @@ those the exact GP of the benchmark uses.
 
 Solving (``solver="auto"``): the exact solve while the dense ``n x n`` matrix fits the memory budget
 and ``kgp.settings.max_exact_size``; above, FALKON on uniform centers, as many as the budget holds
-(:func:`nystrom_centers`), up to ``MAX_CENTERS``.
+(:func:`nystrom_centers`), up to ``MAX_CENTERS`` and at most ``sqrt(MAX_VARIANCE_FLOPS / n)``: the
+variance a learned GP builds at fit sums ``K_nM^T K_nM``, ``n M^2`` flops, which at M = 15,000 on
+airline's 219,000 rows (4.9e13 flops) alone would take most of the 15-minute target on 2 cores (issue 23),
+while airline's test error stopped improving at M = 8,000 (issue 27).
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ SUBSET = 3000
 ADAM_STEPS = 100
 MAX_CENTERS = 15_000
 MIN_CENTERS = 100
+# n M^2 flops of the variance's Gram sum: 1.5e13 is about 2.5 min at the 106 GFLOP/s float64 GEMM rate
+# measured on the 2-core development host (M = 8,270 at n = 219,000; no cap below n = 66,000)
+MAX_VARIANCE_FLOPS = 1.5e13
 # M x M arrays alive at once in a FALKON fit with its Nystrom variance, float64: K_MM, the two
 # preconditioner factors, the variance's two factors and one for the Gram sum
 _SQUARE_ARRAYS = 5
@@ -39,9 +45,11 @@ def exact_limit(request: RecipeRequest) -> int:
 
 
 def nystrom_centers(request: RecipeRequest) -> int:
-    """Centers for FALKON: as many as ``_SQUARE_ARRAYS`` float64 ``M x M`` arrays in the budget allow."""
+    """Centers for FALKON: as many as ``_SQUARE_ARRAYS`` float64 ``M x M`` arrays in the budget allow,
+    at most ``MAX_CENTERS`` and ``sqrt(MAX_VARIANCE_FLOPS / n)``."""
     by_memory = int(math.isqrt(max(request.memory_budget, 1) // (_SQUARE_ARRAYS * _FACTOR_BYTES)))
-    return max(min(request.n, MIN_CENTERS), min(request.n, MAX_CENTERS, by_memory))
+    by_time = math.isqrt(int(MAX_VARIANCE_FLOPS // max(request.n, 1)))
+    return max(min(request.n, MIN_CENTERS), min(request.n, MAX_CENTERS, by_memory, by_time))
 
 
 class AutoRecipe:
@@ -69,7 +77,8 @@ class AutoRecipe:
                     n_centers = nystrom_centers(request)
                     reasons["n_centers"] = (
                         f"{n_centers:,} centers: the most that {_SQUARE_ARRAYS} float64 M x M arrays in "
-                        f"kgp.settings.memory_budget allow, at most {MAX_CENTERS:,}"
+                        f"kgp.settings.memory_budget allow, at most {MAX_CENTERS:,} and at most "
+                        f"sqrt({MAX_VARIANCE_FLOPS:.2g} / n) (the variance's n M^2 flops)"
                     )
         if request.learn_auto:
             learn = "exact"
