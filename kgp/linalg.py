@@ -179,7 +179,7 @@ def cholesky_in_place(A: Tensor, *, what: str = "the matrix", remedy: str = "", 
         A[e:, k:e] = panel
         for j in range(e, n, block):  # the trailing lower triangle, one block column at a time
             f = min(j + block, n)
-            A[j:, j:f].sub_(panel[j - e :] @ panel[j - e : f - e].mT)
+            A[j:, j:f].addmm_(panel[j - e :], panel[j - e : f - e].mT, alpha=-1.0)
     return A
 
 
