@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -93,8 +95,12 @@ class Monitor:
         self.history.append(info)
         if self._bar is not None:
             self._bar.update(1)
+            # what a user watches: the learning objective and noise, the solver's residual, the metric
+            shown = {k: extras[k] for k in _SHOWN if isinstance(extras.get(k), (int, float))}
             if metric is not None:
-                self._bar.set_postfix(metric=f"{metric:.4g}")
+                shown["metric"] = metric
+            if shown:
+                self._bar.set_postfix({k: f"{v:.4g}" for k, v in shown.items()})
         stop = bool(self.callback(info)) if self.callback is not None else False
         return stop
 
@@ -107,10 +113,29 @@ class Monitor:
         with torch.no_grad():
             return float(self.metric(current.predict(X_val), y_val))
 
+    @contextlib.contextmanager
+    def stage(self, desc: str):
+        """A bar without a step count (elapsed time only) for work that reports no iterations, e.g.
+        the variance pass of a GP fit (tens of seconds at large M that used to show nothing)."""
+        if not self.progress:
+            yield
+            return
+        from tqdm.auto import tqdm
+
+        self.close()
+        bar = tqdm(total=None, desc=desc, leave=False, bar_format="{desc}: {elapsed}")
+        try:
+            yield
+        finally:
+            bar.close()
+
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+
+
+_SHOWN = ("objective", "noise", "residual")
 
 
 def _mse(pred: Tensor, target: Tensor) -> float:

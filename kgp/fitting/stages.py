@@ -306,5 +306,6 @@ def run(
             shift["mean"] = learned.mean
     posterior = solve(plan, rows, centers, learned, scaling, streams, monitor, input_scaling=input_scaling)
     if plan.objective is not None and posterior.has_variance:
-        posterior.factors()  # a GP fit builds what its std needs now (counted in the fit's time)
+        with monitor.stage(f"variance ({posterior.variance_kind})"):
+            posterior.factors()  # a GP fit builds what its std needs now (counted in the fit's time)
     return FitResult(posterior, centers, learned, list(monitor.history))

@@ -5,7 +5,7 @@ The kernel backend computes squared distances in the expanded form ``|u|^2 + |v|
 ``eps |u|^2``, so once a lengthscale falls far below the size of its feature's values the kernel
 matrix the objective sees is no longer positive semi-definite. Measured: the ``holdout`` objective on
 UCI pol drove one lengthscale to 0 within 50 L-BFGS evaluations, where K_ZZ had an eigenvalue of
--0.65 (of 125) and the fit stopped with NotPSDError (docs/gp-workflow.md, section 8.3).
+-0.65 (of 125) and the fit stopped with NotPSDError (docs/benchmarks/gp-hyperparameters.md, section 8.3).
 
 While learning, every lengthscale gets the GPyTorch constraint ``GreaterThan(floor)`` (softplus, as
 GPyTorch's default ``Positive``), per input dimension for ARD kernels, with

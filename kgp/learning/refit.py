@@ -3,7 +3,7 @@
 Why: an inducing-point bound explains the part of the data its M centers cannot represent as noise
 (the trace term of Titsias 2009, eq. 9; Bauer, van der Wilk & Rasmussen 2016), so ``sgpr`` with few
 centers learns a noise variance many times too large, and a solver with many more centers then
-over-smooths (docs/gp-workflow.md, section 8). With the lengthscales held at the learned values, the
+over-smooths (docs/benchmarks/gp-hyperparameters.md). With the lengthscales held at the learned values, the
 exact log marginal likelihood (Rasmussen & Williams 2006, eq. 2.30) of ``s`` random rows, as a
 function of the outputscale ``c`` and the noise ``sigma^2`` only, is cheap after one eigendecomposition
 ``K0 = U diag(lam) U^T`` of the unscaled ``s x s`` kernel matrix::
