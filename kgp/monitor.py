@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
