@@ -152,9 +152,13 @@ class KernelRecipe:
         """
         if rows.dtype != out.dtype:
             torch.mm(rows, cols.T, out=exponent)
+            if self.family == "matern12":
+                _exact_near_zero(rows, cols, exponent)
             out.copy_(exponent)
         else:
             torch.mm(rows, cols.T, out=out)
+            if self.family == "matern12":
+                _exact_near_zero(rows, cols, out)
         family = self.family
         if family == "linear":
             return out
@@ -190,7 +194,12 @@ class KernelRecipe:
             v = z / shape.reshape(1, -1)
             center = v.mean(dim=0, keepdim=True).detach()
             u, v = u - center, v - center
-            d2 = (u.pow(2).sum(1, keepdim=True) + v.pow(2).sum(1).unsqueeze(0) - 2.0 * u @ v.T).clamp_min(0.0)
+            su, sv = u.pow(2).sum(1, keepdim=True), v.pow(2).sum(1).unsqueeze(0)
+            d2 = (su + sv - 2.0 * u @ v.T).clamp_min(0.0)
+            if self.family == "matern12":  # near-zero distances from the differences (see _exact_near_zero)
+                i, j = (d2.detach() < _NEAR * (su + sv).detach()).nonzero(as_tuple=True)
+                if i.numel():
+                    d2 = d2.index_put((i, j), (u[i] - v[j]).pow(2).sum(1))
             if diag_offset is not None:
                 i = torch.arange(d2.shape[0], device=d2.device)
                 keep = (i + diag_offset) < d2.shape[1]
@@ -341,3 +350,31 @@ def kernel_parameters(kernel: gpytorch.kernels.Kernel) -> KernelParameters:
     shape, scale = recipe.split(hypers)
     outputscale = 1.0 if scale is None else float(scale.detach().reshape(()))
     return KernelParameters(recipe.family, shape.detach().reshape(-1), outputscale, recipe.power)
+
+
+# Matern 1/2 reads the distance through a square root, so the expanded form's absolute error in the
+# squared distance, about (d + 2) eps (|u|^2 + |v|^2), becomes sqrt of that near 0: 5e-4 in float32 on the
+# diagonal of K[i, j] blocks (issue 25). Pairs closer than this fraction of |u|^2 + |v|^2 are recomputed
+# from their differences; the rest keep a relative error of at most (d + 2) eps / _NEAR in a^2, i.e. an
+# absolute error of about 5 (d + 2) eps sqrt(|u|^2 + |v|^2) in the kernel value.
+_NEAR = 1e-2
+
+
+def _exact_near_zero(rows: Tensor, cols: Tensor, sq_dist: Tensor) -> None:
+    """Recompute, from the differences, the squared distances of ``sq_dist`` that cancellation spoiled.
+
+    ``rows`` = ``[u, |u|^2, 1]`` and ``cols`` = ``[-2 v, 1, |v|^2]`` (the Matern augmented inputs).
+    Cost: one comparison pass over the block plus O(d) per recomputed pair (the diagonal and near
+    duplicates, a small share of a block unless the data sit in a tiny region next to far points).
+    """
+    d = rows.shape[1] - 2
+    sq_u, sq_v = rows[:, d], cols[:, d + 1]
+    coarse = _NEAR * float(sq_u.max() + sq_v.max()) if rows.shape[0] and cols.shape[0] else 0.0
+    i, j = (sq_dist < coarse).nonzero(as_tuple=True)
+    if i.numel() == 0:
+        return
+    close = sq_dist[i, j] < _NEAR * (sq_u[i] + sq_v[j])
+    i, j = i[close], j[close]
+    if i.numel():
+        diff = rows[i, :d] + 0.5 * cols[j, :d]  # u - v, cols holding -2 v
+        sq_dist[i, j] = diff.square().sum(dim=1).to(sq_dist.dtype)

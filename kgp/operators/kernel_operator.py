@@ -782,6 +782,8 @@ class KernelOperator(LinearOperator):
             return super()._getitem(row_index, col_index, *batch_indices)
         # batch entries are identical: integer/slice batch indices only change the batch shape
         batch_shape = tuple(torch.empty(self.batch_shape_, device="meta")[tuple(batch_indices)].shape)
+        if self.shard is not None:
+            return super()._getitem(row_index, col_index, *batch_indices)  # rows of one rank are not all rows
         if self.transposed:
             row_index, col_index = col_index, row_index
         return KernelOperator(
@@ -792,6 +794,7 @@ class KernelOperator(LinearOperator):
             recipe=self.recipe,
             transposed=self.transposed,
             batch_shape=batch_shape,
+            distance_dtype=self.distance_dtype,  # the block keeps the precision the operator was built with
         )
 
     # batch views: every batch entry is the same matrix, so they only change the reported shape
