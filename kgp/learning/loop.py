@@ -16,7 +16,6 @@ divided by n, which is GPyTorch's ``ExactMarginalLogLikelihood`` convention (its
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -24,13 +23,14 @@ import gpytorch
 import torch
 from torch import Tensor
 
-from ..diagnostics import ConvergenceWarning, DivergenceError
+from ..diagnostics import DivergenceError
 from ..linalg import NotPSDError
 from ..monitor import Monitor
 from ..options import Option, merge_options
 from ..plugin import Centers
 from ..registry import get_objective
 from .bounds import LengthscaleFloors
+from .outcome import BestPoint, report_learning, white_noise_nll
 from .problem import LearningProblem
 from .refit import refit_scale_and_noise
 
@@ -301,7 +301,7 @@ def learn_hyperparameters(
                 raise _Stop
             return value
 
-        best = _BestPoint(trained)
+        best = BestPoint(trained)
         stopped = "budget"
         try:
             if optimizer == "adam":
@@ -342,7 +342,7 @@ def learn_hyperparameters(
                     final = math.nan
             best.offer_final(final, len(history) + 1)
         best.restore()
-    _report_learning(objective, stopped, best, history, iterations, lr, _white_noise_nll(obj, Y, shard))
+    report_learning(objective, stopped, best, history, iterations, lr, white_noise_nll(obj, Y, shard))
     if not all(bool(torch.isfinite(t).all()) for t in trained):
         _check_finite(
             torch.tensor(float("nan")), objective, len(history) + 1, kernel, constraint.transform(raw_noise), mean_t
@@ -375,126 +375,6 @@ def learn_hyperparameters(
         best_step=best.step,
         stopped=stopped,
     )
-
-
-class _BestPoint:
-    """The trained tensors at the lowest objective value evaluated so far (issue 23: never return worse)."""
-
-    def __init__(self, trained: list[Tensor]):
-        self.trained = trained
-        self.value = math.inf
-        self.step = 0
-        self.saved: list[Tensor] | None = None
-        self.final: float | None = None
-
-    def offer(self, value: Tensor, step: int) -> None:
-        v = float(value.detach())
-        if v < self.value:  # NaN never compares lower
-            self.value, self.step = v, step
-            self.saved = [t.detach().clone() for t in self.trained]
-
-    def offer_final(self, value: float, step: int) -> None:
-        self.final = value
-        if value <= self.value:
-            self.value, self.step, self.saved = value, step, None  # the current tensors are the best
-
-    def restore(self) -> None:
-        if self.saved is not None:
-            with torch.no_grad():
-                for t, saved in zip(self.trained, self.saved):
-                    t.copy_(saved)
-
-
-# The objective is "still falling" when its last quarter of evaluations lowered it by more than this
-# fraction of the whole run's decrease, and by more than _STILL_FALLING_NATS per point (smaller changes
-# do not move predictions). Converged Adam runs of learn="auto" on the six benchmark sets lowered it by
-# far less in their last quarter (docs/benchmarks/gp-default.md).
-_STILL_FALLING_FRACTION = 0.1
-_STILL_FALLING_NATS = 1e-3
-_ASTRAY_FRACTION = 0.1
-_WHITE_NOISE_MARGIN = 0.5  # nats per point
-
-
-def _white_noise_nll(obj: Any, Y: Tensor, shard: Any) -> float | None:
-    """Per-point negative log likelihood of the constant-mean, white-noise model at the targets' variance.
-
-    ``1/2 log(2 pi e var(y))`` averaged over outputs: every GP whose kernel can shrink to 0 does at least
-    this well, so a likelihood objective (``per_point_nll = True``) that ends above it has not converged.
-    None for other objectives and in a distributed fit (the variance would need all ranks' rows).
-    """
-    if not getattr(obj, "per_point_nll", False) or shard is not None or Y.shape[0] < 2:
-        return None
-    var = Y.detach().double().var(dim=0).clamp_min(1e-300)
-    return float((0.5 * torch.log(2 * math.pi * math.e * var)).mean())
-
-
-def _report_learning(
-    objective: str,
-    stopped: str,
-    best: _BestPoint,
-    history: list[float],
-    iterations: int,
-    lr: float,
-    white_noise: float | None = None,
-) -> None:
-    """Warn (kgp.ConvergenceWarning) when the returned point is not the run's natural end."""
-    name = f"learn {objective!r}"
-    if stopped == "interrupted":
-        warnings.warn(
-            f"{name}: interrupted (Ctrl-C) after {len(history)} of {iterations} evaluations; the fit goes on with "
-            f"the best point found (objective {best.value:.6g} at evaluation {best.step}); press Ctrl-C again to "
-            "stop the fit",
-            ConvergenceWarning,
-            stacklevel=3,
-        )
-        return
-    if stopped.startswith("failed: "):
-        warnings.warn(
-            f"{name}: evaluation {len(history) + 1} failed, so learning stopped there and the best earlier point is "
-            f"kept (objective {best.value:.6g} at evaluation {best.step}). The failure: {stopped[8:]}",
-            ConvergenceWarning,
-            stacklevel=3,
-        )
-        return
-    if not history:
-        return
-    start, final = history[0], best.final if best.final is not None else history[-1]
-    # Adam ends a little above its best point routinely (the best point is then kept without a word); a
-    # final value above the best by a tenth of the run's decrease is a run that went astray
-    astray = final - best.value > max(_ASTRAY_FRACTION * (start - best.value), _STILL_FALLING_NATS)
-    if best.saved is not None and (astray or not math.isfinite(final)):
-        ended = f"ended at {final:.6g}" if math.isfinite(final) else "was not finite at the final point"
-        warnings.warn(
-            f"{name}: the objective {ended}, above its best value {best.value:.6g} (evaluation {best.step} of "
-            f"{len(history)}): the best point is kept. Likely cause: a step size too large for this objective "
-            f"(lr={lr:g}); remedy: a smaller learn_options['lr']",
-            ConvergenceWarning,
-            stacklevel=3,
-        )
-        return
-    if stopped != "budget" or len(history) < 8:
-        return
-    tail = max(2, len(history) // 4)
-    whole = start - best.value
-    recent = history[-tail] - best.value
-    # a likelihood still above the white-noise model's has not even reached the trivial fit
-    above_trivial = white_noise is not None and best.value > white_noise + _WHITE_NOISE_MARGIN
-    if recent > _STILL_FALLING_NATS and (recent > _STILL_FALLING_FRACTION * whole or above_trivial):
-        trivial = (
-            f"; its best value {best.value:.4g} is above the {white_noise:.4g} of a constant predictor with the "
-            "targets' variance as noise"
-            if above_trivial
-            else ""
-        )
-        warnings.warn(
-            f"{name}: the objective was still falling when the budget of {iterations} evaluations ran out (it "
-            f"fell {recent:.3g} per point over the last {tail}, {recent / whole:.0%} of the run's decrease{trivial}):"
-            " the hyperparameters may be far from the optimum. Likely cause: targets or inputs on a scale far from 1 "
-            "(use normalize_y=True / normalize_X=True) or too few iterations; remedy: raise "
-            "learn_options['iterations'] or the step size learn_options['lr']",
-            ConvergenceWarning,
-            stacklevel=3,
-        )
 
 
 def _feature_scale(X: Tensor, shard: Any) -> Tensor:
