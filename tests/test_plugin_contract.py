@@ -178,7 +178,11 @@ def test_builtin_objectives_await_their_capabilities_from_the_learning_branch():
         info = reg.get("objective", name)
         assert info.builtin and isinstance(info.capabilities, kgp.Capabilities)
         assert info.capabilities.uses_centers == info.obj.uses_centers
-    assert reg.get("objective", "holdout").capabilities.loop_defaults == {"optimizer": "lbfgs", "iterations": 50}
+    assert reg.get("objective", "holdout").capabilities.loop_defaults == {
+        "optimizer": "lbfgs",
+        "iterations": 50,
+        "learn_mean": False,
+    }
     # a third party's objective of the same name gets no such allowance
     error = _refused("objective", _without(FakeObjective, "capabilities"))
     assert error.failure.stage == "contract"
