@@ -374,3 +374,19 @@ def test_classifier_learns_on_its_encoded_targets():
     clf = kgp.KernelClassifier("rbf", learn="exact", learn_options={"iterations": 20}).fit(X, labels)
     assert len(clf.learn_history_) == 20 and clf.learn_history_[-1] < clf.learn_history_[0]
     assert clf.score(X, labels) > 0.95
+
+
+def test_adam_goes_on_while_the_objective_still_falls_up_to_max_iterations():
+    """learn_options['max_iterations']: more steps only while the last quarter still lowered the objective."""
+    X, y = _gp_draw(150, [0.7], seed=5)
+    options = {"iterations": 20, "max_iterations": 60}
+    with pytest.warns(kgp.ConvergenceWarning, match=r"still falling when the budget of 60 evaluations ran out"):
+        far = kgp.KernelRegressor("rbf", learn="exact", normalize_y=False, learn_options=options).fit(X, 1e6 * y)
+    assert len(far.learn_history_) == 60  # y on a 1e6 scale: still falling at every check
+    near = kgp.KernelRegressor("rbf", learn="exact", learn_options={"iterations": 100, "max_iterations": 300}).fit(X, y)
+    assert len(near.learn_history_) == 100  # converged within the first budget: no extra steps
+    # the extension is the same run continued: its first 20 evaluations are those of a 20-step run
+    short = kgp.KernelRegressor("rbf", learn="exact", normalize_y=False, learn_options={"iterations": 20})
+    with pytest.warns(kgp.ConvergenceWarning):
+        short.fit(X, 1e6 * y)
+    assert far.learn_history_[:20] == short.learn_history_

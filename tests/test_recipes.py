@@ -9,6 +9,7 @@ import pytest
 import torch
 from kgp_builtins.recipes.rule import (
     ADAM_STEPS,
+    MAX_ADAM_STEPS,
     MAX_CENTERS,
     MAX_VARIANCE_FLOPS,
     SUBSET,
@@ -56,10 +57,11 @@ def test_the_rule_in_closed_form():
     recipe = kgp.registry.get_recipe("auto")
     small = recipe.choose(_request(1_000))
     assert small.solver == "exact" and small.n_centers is None and small.learn == "exact"
-    assert small.learn_options == {"optimizer": "adam", "iterations": ADAM_STEPS}  # n <= SUBSET: all rows
+    adam = {"optimizer": "adam", "iterations": ADAM_STEPS, "max_iterations": MAX_ADAM_STEPS}
+    assert small.learn_options == adam  # n <= SUBSET: all rows
     big = recipe.choose(_request(60_000, budget=40 * 12_000**2))
     assert big.solver == "falkon" and big.n_centers == 12_000
-    assert big.learn_options == {"optimizer": "adam", "iterations": ADAM_STEPS, "subset": SUBSET}
+    assert big.learn_options == {**adam, "subset": SUBSET}
     assert set(big.reasons) == {"solver", "n_centers", "learn"}
     given = recipe.choose(_request(1_000, uses_centers_explicitly=True))
     assert given.solver == "falkon" and given.n_centers is None  # the user's centers are kept

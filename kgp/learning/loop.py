@@ -30,7 +30,7 @@ from ..options import Option, merge_options
 from ..plugin import Centers
 from ..registry import get_objective
 from .bounds import LengthscaleFloors
-from .outcome import BestPoint, report_learning, white_noise_nll
+from .outcome import BestPoint, report_learning, still_falling, white_noise_nll
 from .problem import LearningProblem
 from .refit import refit_scale_and_noise
 
@@ -54,6 +54,13 @@ LEARN_OPTIONS: dict[str, Option] = {
         minimum=0.0,
         allow_none=True,
         help="lower bound of every lengthscale while learning (None: numerical floor, kgp.learning.bounds; 0: none)",
+    ),
+    "max_iterations": Option.integer(
+        None,
+        minimum=1,
+        allow_none=True,
+        help="Adam only: while the objective is still falling after 'iterations' steps (kgp.learning.outcome), go "
+        "on in quarters of 'iterations' up to this many steps; None: stop at 'iterations'",
     ),
     "learn_noise": Option.boolean(True, help="train the noise variance (False: keep the model's noise)"),
     "learn_mean": Option.boolean(True, help="train a constant mean per output (False: keep the initial mean)"),
@@ -302,6 +309,7 @@ def learn_hyperparameters(
             return value
 
         best = BestPoint(trained)
+        white_noise = white_noise_nll(obj, Y, shard)
         stopped = "budget"
         try:
             if optimizer == "adam":
@@ -309,6 +317,12 @@ def learn_hyperparameters(
                 for _ in range(iterations):
                     best.offer(evaluate(), len(history))
                     opt.step()
+                limit = loop["max_iterations"] or 0
+                chunk = max(1, iterations // 4)
+                while len(history) < limit and still_falling(history, best.value, white_noise):
+                    for _ in range(min(chunk, limit - len(history))):
+                        best.offer(evaluate(), len(history))
+                        opt.step()
             else:
                 # one L-BFGS run: its own iteration and evaluation counts bound the work
                 opt = torch.optim.LBFGS(
@@ -342,7 +356,7 @@ def learn_hyperparameters(
                     final = math.nan
             best.offer_final(final, len(history) + 1)
         best.restore()
-    report_learning(objective, stopped, best, history, iterations, lr, white_noise_nll(obj, Y, shard))
+    report_learning(objective, stopped, best, history, max(iterations, len(history)), lr, white_noise)
     if not all(bool(torch.isfinite(t).all()) for t in trained):
         _check_finite(
             torch.tensor(float("nan")), objective, len(history) + 1, kernel, constraint.transform(raw_noise), mean_t

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from ..diagnostics import ConvergenceWarning
 
-__all__ = ["BestPoint", "report_learning", "white_noise_nll"]
+__all__ = ["BestPoint", "report_learning", "still_falling", "white_noise_nll"]
 
 
 class BestPoint:
@@ -47,14 +47,28 @@ class BestPoint:
                     t.copy_(saved)
 
 
-# The objective is "still falling" when its last quarter of evaluations lowered it by more than this
-# fraction of the whole run's decrease, and by more than _STILL_FALLING_NATS per point (smaller changes
-# do not move predictions). Converged Adam runs of learn="auto" on the six benchmark sets lowered it by
-# far less in their last quarter (docs/benchmarks/gp-default.md).
+# The objective is "still falling" when its last quarter of evaluations lowered it by more than
+# _FALLING_NATS per point, or by more than _STILL_FALLING_FRACTION of the whole run's decrease and more than
+# _STILL_FALLING_NATS (smaller changes do not move predictions). Measured on learn="auto"'s 100 Adam steps
+# (docs/benchmarks/gp-default.md): pol 0.006 and elevators 0.007 nats per point (converged: test RMSE 0.95x
+# and 1.01x the exact GP's), bike 0.091 (noise 0.0022 against the exact GP's 0.00038, RMSE 1.20x).
+_FALLING_NATS = 0.03
 _STILL_FALLING_FRACTION = 0.1
 _STILL_FALLING_NATS = 1e-3
 _ASTRAY_FRACTION = 0.1
 _WHITE_NOISE_MARGIN = 0.5  # nats per point
+
+
+def still_falling(history: list[float], best_value: float, white_noise: float | None = None) -> bool:
+    """Whether the objective fell enough over its last quarter of evaluations to call the run unconverged."""
+    if len(history) < 8:
+        return False
+    recent = history[-max(2, len(history) // 4)] - best_value
+    whole = history[0] - best_value
+    above_trivial = white_noise is not None and best_value > white_noise + _WHITE_NOISE_MARGIN
+    return recent > _FALLING_NATS or (
+        recent > _STILL_FALLING_NATS and (recent > _STILL_FALLING_FRACTION * whole or above_trivial)
+    )
 
 
 def white_noise_nll(obj: Any, Y: Tensor, shard: Any) -> float | None:
@@ -121,7 +135,7 @@ def report_learning(
     recent = history[-tail] - best.value
     # a likelihood still above the white-noise model's has not even reached the trivial fit
     above_trivial = white_noise is not None and best.value > white_noise + _WHITE_NOISE_MARGIN
-    if recent > _STILL_FALLING_NATS and (recent > _STILL_FALLING_FRACTION * whole or above_trivial):
+    if still_falling(history, best.value, white_noise):
         trivial = (
             f"; its best value {best.value:.4g} is above the {white_noise:.4g} of a constant predictor with the "
             "targets' variance as noise"
