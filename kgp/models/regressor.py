@@ -65,7 +65,8 @@ class KernelRegressor(BaseKernelModel):
     learn:
         None (default: the hyperparameters given are used as they are), an objective plugin name
         (``"exact"``, ``"sgpr"``, ``"holdout"``; ``kgp plugins``), or ``"auto"``: **the recommended GP** --
-        the exact marginal likelihood on min(n, 3,000) random rows by 100 Adam steps, then the solve of
+        the exact marginal likelihood on min(n, 3,000) random rows by 100 Adam steps (up to 300 while it
+        still falls), then the solve of
         ``solver`` (measured against the exact GP and GPyTorch's SGPR in docs/benchmarks/gp-default.md).
         Learns the kernel's hyperparameters, the noise variance and a constant mean; the best point
         evaluated is kept, and a :class:`kgp.ConvergenceWarning` says when learning failed, went astray or
