@@ -24,6 +24,7 @@ never the exact n x n factor, which is rebuilt from the rows on the first std af
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -214,16 +215,20 @@ class Posterior:
         (Nystrom / DTC): the matrix forms of :meth:`latent_variance`. Dense in q: for a few hundred rows.
         """
         factors = self.factors()
-        Xs = self.inputs(X)
+        work = factors.chol.dtype  # float64 for a float32 model's Nystrom factors (kgp.variance)
+        Xs = self.inputs(X).to(work)
+        dtype = self.offset.dtype
+        kernel = self.kernel if work == dtype else copy.deepcopy(self.kernel).to(work)
         with torch.no_grad():
-            cov = kernel_operator(self.kernel, Xs).to_dense().clone()
-            kx = kernel_operator(self.kernel, factors.points, Xs).to_dense()
+            cov = kernel_operator(kernel, Xs).to_dense().clone()
+            # the stored points as the columns: distances centred on them, not on the query batch
+            kx = kernel_operator(kernel, Xs, factors.points).to_dense().mT
             v = torch.linalg.solve_triangular(factors.chol, kx, upper=False)
             cov -= v.T @ v
             if factors.kind == "nystrom":
                 w = torch.linalg.solve_triangular(factors.chol_s, kx, upper=False)
                 cov += factors.noise * (w.T @ w)
-        return 0.5 * (cov + cov.T)
+        return (0.5 * (cov + cov.T)).to(dtype)
 
     def sample(self, X: Tensor, n_samples: int, generator: torch.Generator) -> Tensor:
         """Draws of the latent f at the rows of ``X`` from the posterior, ``q x k x n_samples``, targets' units."""
@@ -371,7 +376,9 @@ def _factors_from_state(
         chol_s = check.matrix(state.get("chol_s"), "variance.factors.chol_s", rows=p, cols=p)
         _check_cholesky(chol_s, "variance.factors.chol_s")
     noise = check.positive_number(state.get("noise"), "variance.factors.noise")
-    to = {"device": device, "dtype": dtype}
+    # a float32 model's Nystrom factors are float64 (kgp.variance): keep what the file holds if it is wider
+    work = torch.float64 if kind == "nystrom" and chol.dtype == torch.float64 else dtype
+    to = {"device": device, "dtype": work}
     return VarianceFactors(kind, points.to(**to), chol.to(**to), None if chol_s is None else chol_s.to(**to), noise)
 
 

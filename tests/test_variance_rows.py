@@ -36,3 +36,22 @@ def test_a_far_row_changes_no_other_row(solver, extra, dtype):
         # the far row itself: no data near it, the prior (outputscale 1) and the prior mean 0
         assert s2[-1] == pytest.approx(1.0, abs=atol) and m2[-1] == pytest.approx(0.0, abs=atol)
     assert np.median(std) > 10 * atol  # the rows' stds are not 0 to begin with
+
+
+def test_float32_nystrom_std_matches_float64_within_one_percent(tmp_path):
+    """Issue 23: float32 FALKON std was up to 15% (57% on pol) off the same formula in float64."""
+    g = np.random.default_rng(3)
+    X = g.normal(size=(3000, 6))
+    y = np.sin(X[:, 0]) * np.cos(X[:, 1]) + 0.3 * X[:, 2] + 0.05 * g.normal(size=3000)
+    Q = g.normal(size=(400, 6))
+    common = dict(lengthscale=1.5, noise=0.003, solver="falkon", n_centers=600, random_state=0)
+    m64 = kgp.KernelRegressor("rbf", dtype="float64", **common).fit(X, y)
+    m32 = kgp.KernelRegressor("rbf", dtype="float32", **common).fit(X.astype(np.float32), y.astype(np.float32))
+    _, s64 = m64.predict(Q, return_std=True)
+    _, s32 = m32.predict(Q.astype(np.float32), return_std=True)
+    assert s32.dtype == np.float32
+    np.testing.assert_allclose(s32, s64, rtol=0.01)
+    # the float64 factors survive a save and a load
+    m32.save(tmp_path / "m32.pt")
+    _, loaded = kgp.load(tmp_path / "m32.pt").predict(Q.astype(np.float32), return_std=True)
+    np.testing.assert_allclose(loaded, s32, rtol=1e-6)
