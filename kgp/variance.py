@@ -34,10 +34,25 @@ import gpytorch
 import torch
 from torch import Tensor
 
-from .linalg import psd_cholesky
+from .linalg import cholesky_in_place, psd_cholesky
 from .operators import kernel_operator, plan_block_rows, row_slices
 
-__all__ = ["VarianceFactors", "exact_factors", "nystrom_factors", "latent_variance"]
+__all__ = ["VarianceFactors", "check_dense_size", "exact_factors", "nystrom_factors", "latent_variance"]
+
+
+def check_dense_size(n: int, itemsize: int, what: str) -> None:
+    """Refuse a dense ``n x n`` matrix above ``kgp.settings.max_exact_size`` or ``memory_budget``, naming both."""
+    from . import settings
+
+    limit = settings.max_exact_size.value()
+    budget = settings.memory_budget.value()
+    if n > limit or n * n * itemsize > budget:
+        raise ValueError(
+            f"{what} needs a dense {n:,} x {n:,} matrix ({n * n * itemsize / 2**20:,.0f} MiB); "
+            f"kgp.settings.max_exact_size={limit:,}, kgp.settings.memory_budget={budget:,} bytes. Raise them "
+            f"(kgp.settings.max_exact_size({n}), kgp.settings.memory_budget(bytes); environment KGP_MAX_EXACT_SIZE, "
+            "KGP_MEMORY_BUDGET) or use fewer rows"
+        )
 
 
 @dataclass
@@ -76,11 +91,20 @@ class VarianceFactors:
 
 
 def exact_factors(kernel: gpytorch.kernels.Kernel, X: Tensor, noise: float) -> VarianceFactors:
-    """Cholesky factor of ``K(X, X) + noise I`` (dense: n below ``kgp.settings.max_exact_size``)."""
+    """Cholesky factor of ``K(X, X) + noise I`` (dense: n below ``kgp.settings.max_exact_size``).
+
+    Raises
+    ------
+    ValueError
+        If the dense ``n x n`` matrix exceeds ``kgp.settings.max_exact_size`` or ``memory_budget`` (issue 25:
+        ``return_std`` on an exact model ignored both).
+    """
+    check_dense_size(X.shape[0], X.element_size(), "return_std=True on an exact model")
     with torch.no_grad():
         K = kernel_operator(kernel, X).to_dense()
         K.diagonal().add_(noise)
-        L = psd_cholesky(K, max_tries=0, what=f"K + noise*I with noise={noise:g}", remedy="use float64")
+        # written over K: one n x n array at the peak (kgp.linalg)
+        L = cholesky_in_place(K, what=f"K + noise*I with noise={noise:g}", remedy="use float64")
     return VarianceFactors("exact", X, L, None, noise)
 
 

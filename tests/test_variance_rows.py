@@ -55,3 +55,25 @@ def test_float32_nystrom_std_matches_float64_within_one_percent(tmp_path):
     m32.save(tmp_path / "m32.pt")
     _, loaded = kgp.load(tmp_path / "m32.pt").predict(Q.astype(np.float32), return_std=True)
     np.testing.assert_allclose(loaded, s32, rtol=1e-6)
+
+
+def test_exact_std_and_refit_respect_max_exact_size_and_the_memory_budget():
+    """Issue 25: return_std on an exact model and refit_subset built dense matrices past both settings."""
+    g = np.random.default_rng(5)
+    X = g.normal(size=(300, 2))
+    y = np.sin(X[:, 0])
+    model = kgp.KernelRegressor("rbf", noise=0.01, solver="exact").fit(X, y)
+    with kgp.settings.max_exact_size(200):
+        with pytest.raises(ValueError, match=r"return_std=True on an exact model needs a dense 300 x 300 matrix"):
+            model.predict(X[:5], return_std=True)
+    fresh = kgp.KernelRegressor("rbf", noise=0.01, solver="exact").fit(X, y)
+    with kgp.settings.memory_budget(300 * 300 * 8 - 1):
+        with pytest.raises(ValueError, match=r"exact model needs .*kgp.settings.memory_budget=719,999 bytes"):
+            fresh.predict(X[:5], return_std=True)
+    _, std = fresh.predict(X[:5], return_std=True)  # within the settings it works
+    assert np.isfinite(std).all()
+    with kgp.settings.max_exact_size(250):
+        with pytest.raises(ValueError, match=r"learn_options\['refit_subset'\]=280 needs a dense 280 x 280"):
+            kgp.KernelRegressor(
+                "rbf", solver="falkon", n_centers=30, learn="sgpr", learn_options={"iterations": 2, "refit_subset": 280}
+            ).fit(X, y)

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from ..operators import kernel_operator
+from ..variance import check_dense_size
 
 __all__ = ["RefitResult", "refit_scale_and_noise"]
 
@@ -103,6 +104,7 @@ def refit_scale_and_noise(
         )
     n = X.shape[0]
     size = min(rows, n)
+    check_dense_size(size, X.element_size(), f"learn_options['refit_subset']={rows}")
     idx = torch.randperm(n, generator=generator)[:size].to(X.device)
     with torch.no_grad():
         base = scaled.base_kernel if scaled is not None else kernel
