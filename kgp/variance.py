@@ -122,8 +122,12 @@ def nystrom_factors(kernel: gpytorch.kernels.Kernel, X: Tensor, Z: Tensor, noise
         kmm = kernel_operator(kernel, Z).to_dense()
         S = kernel_operator(kernel, X, Z).gram().add_(kmm, alpha=noise)
         S = 0.5 * (S + S.T)  # kmm is symmetric only to rounding
-        L = psd_cholesky(kmm, what="K_MM of the centers", remedy="use fewer or better-spread centers, or float64")
-        L_s = psd_cholesky(S, what="noise*K_MM + K_Mn K_nM", remedy="use float64")
+        # up to 12 tenfold jitters, from eps to ~1e-5 of the mean diagonal: keggdirected's learned GP
+        # (M = 11,241, float64) still failed at the sixth (issue 23); a jitter that size moves the std of
+        # directions the centers cannot tell apart, which rounding already blurs
+        remedy = "use fewer or better-spread centers (n_centers) or a larger noise"
+        L = psd_cholesky(kmm, max_tries=12, what="K_MM of the centers", remedy=remedy)
+        L_s = psd_cholesky(S, max_tries=12, what="noise*K_MM + K_Mn K_nM", remedy=remedy)
     return VarianceFactors("nystrom", Z, L, L_s, noise)
 
 

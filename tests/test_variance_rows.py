@@ -77,3 +77,24 @@ def test_exact_std_and_refit_respect_max_exact_size_and_the_memory_budget():
             kgp.KernelRegressor(
                 "rbf", solver="falkon", n_centers=30, learn="sgpr", learn_options={"iterations": 2, "refit_subset": 280}
             ).fit(X, y)
+
+
+def test_a_variance_that_cannot_be_factored_keeps_the_fitted_mean(monkeypatch):
+    """keggdirected: the default GP's variance factor failed at fit and threw the fitted mean away with it."""
+    import kgp.posterior
+
+    g = np.random.default_rng(6)
+    X = g.normal(size=(300, 2))
+    y = np.sin(X[:, 0])
+
+    def failing(*args, **kwargs):
+        raise kgp.linalg.NotPSDError("noise*K_MM + K_Mn K_nM (30 x 30, torch.float64) is not positive definite")
+
+    monkeypatch.setattr(kgp.posterior, "nystrom_factors", failing)
+    with pytest.warns(kgp.ConvergenceWarning, match=r"predictive variance could not be built .*fitted mean is kept"):
+        model = kgp.KernelRegressor(
+            "rbf", learn="exact", solver="falkon", n_centers=30, learn_options={"iterations": 3}
+        ).fit(X, y)
+    assert np.isfinite(model.predict(X[:5])).all()
+    with pytest.raises(kgp.linalg.NotPSDError, match="not positive definite"):
+        model.predict(X[:5], return_std=True)

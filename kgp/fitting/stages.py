@@ -8,6 +8,7 @@ declares ``needs_grad`` (:func:`plugin_call`).
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,8 +18,9 @@ import torch
 from torch import Tensor
 
 from .. import io
-from ..diagnostics import ill_conditioned
+from ..diagnostics import ConvergenceWarning, ill_conditioned
 from ..learning import learn_hyperparameters
+from ..linalg import NotPSDError
 from ..monitor import IterationInfo, Monitor
 from ..plugin import Centers, Problem, SelectionRequest, Solution
 from ..posterior import Posterior, Scaling, TargetScaling
@@ -307,5 +309,14 @@ def run(
     posterior = solve(plan, rows, centers, learned, scaling, streams, monitor, input_scaling=input_scaling)
     if plan.objective is not None and posterior.has_variance:
         with monitor.stage(f"variance ({posterior.variance_kind})"):
-            posterior.factors()  # a GP fit builds what its std needs now (counted in the fit's time)
+            try:
+                posterior.factors()  # a GP fit builds what its std needs now (counted in the fit's time)
+            except NotPSDError as exc:
+                # the mean is fitted and good: a failed variance must not throw the fit away (keggdirected)
+                warnings.warn(
+                    f"the predictive variance could not be built ({exc}); the fitted mean is kept and "
+                    "predict(..., return_std=True) will raise this error",
+                    ConvergenceWarning,
+                    stacklevel=4,
+                )
     return FitResult(posterior, centers, learned, list(monitor.history))
