@@ -25,10 +25,12 @@ def _load(name: str):
 
 def _run(name: str, *args, **kwargs):
     module = _load(name)
-    shared = _load("_shared")
     try:
         return module.run(*args, **kwargs)
-    except shared.DataMissing as exc:
+    except FileNotFoundError as exc:
+        # the tutorial's own ``_shared.DataMissing``: a module loaded here again would be another class
+        if type(exc).__name__ != "DataMissing":
+            raise
         pytest.skip(f"tutorial {name}: {exc}")
 
 
