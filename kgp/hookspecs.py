@@ -117,7 +117,10 @@ def register_objectives(register) -> None:
       likelihood divided by the number of points and outputs it was computed on), reading the
       kernel's current hyperparameters from ``problem.kernel``. kgp owns the optimisation loop
       (torch.optim over the kernel's raw parameters, the raw noise and the mean), adds the kernel's
-      GPyTorch priors, and stops with an error on a NaN or infinite value.
+      GPyTorch priors, and stops with an error on a NaN or infinite value. An objective whose value
+      is a negative log likelihood per point declares ``per_point_nll = True`` and sets
+      ``loss.terms`` to the number of (row, output) terms it averages: the model then reports
+      ``-value * terms`` as ``log_marginal_likelihood_value_``.
 
     Every kernel product goes through ``problem.kernel_operator`` (or :func:`kgp.kernel_operator`
     on row blocks), never n x n (an objective that needs the dense matrix refuses n above

@@ -8,6 +8,7 @@ declares ``needs_grad`` (:func:`plugin_call`).
 from __future__ import annotations
 
 import contextlib
+import math
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -141,6 +142,14 @@ def learn(
         "best_value": result.best_value,
         "best_evaluation": result.best_step,
         "stopped": result.stopped,
+        # sklearn's log_marginal_likelihood_value_: of the rows the objective used, at the returned point;
+        # None where the value is no likelihood (holdout) or the refit moved the point after it
+        "log_marginal_likelihood": (
+            -result.best_value * result.terms
+            if result.terms is not None and result.refit is None and math.isfinite(result.best_value)
+            else None
+        ),
+        "likelihood_terms": result.terms,
     }
     return Learned(kernel, result.noise, result.mean, result.history, result.refit, summary)
 

@@ -105,6 +105,10 @@ class LearnResult:
         Why the loop ended: ``"budget"`` (all iterations ran), ``"callback"`` (the monitor's callback
         asked), ``"interrupted"`` (Ctrl-C), or ``"failed: ..."`` (a later step failed; the best earlier
         point is returned and a :class:`kgp.ConvergenceWarning` says so).
+    terms:
+        For an objective whose value is a negative log likelihood per point (``per_point_nll``): the
+        number of (row, output) terms it averages, so ``-best_value * terms`` is the log marginal
+        likelihood of the rows it used (a lower bound for ``sgpr``); None for other objectives.
     """
 
     kernel: gpytorch.kernels.Kernel
@@ -116,6 +120,7 @@ class LearnResult:
     best_value: float = math.nan
     best_step: int = 0
     stopped: str = "budget"
+    terms: int | None = None
 
 
 def split_learn_options(name: str, objective: Any, given: dict[str, Any] | None) -> tuple[dict, dict]:
@@ -272,6 +277,7 @@ def learn_hyperparameters(
     floors = LengthscaleFloors(kernel, _feature_scale(X, shard), loop["min_lengthscale"])
     with torch.enable_grad(), floors:
         loss_fn = obj.prepare(problem)
+        terms = getattr(loss_fn, "terms", None) if getattr(obj, "per_point_nll", False) else None
 
         def total() -> Tensor:
             value = loss_fn(constraint.transform(raw_noise), mean_t)
@@ -388,6 +394,7 @@ def learn_hyperparameters(
         best_value=best.value,
         best_step=best.step,
         stopped=stopped,
+        terms=terms,
     )
 
 

@@ -299,7 +299,7 @@ class BaseKernelModel(SklearnProtocol):
         self.center_weights_ = None if centers is None else centers.weights
         self.selection_info_ = {} if centers is None else centers.info
         self.learn_history_ = list(result.learned.history)
-        # how learning ended (best point, why it stopped); None without learning and after kgp.load
+        # how learning ended (best point, why it stopped, the likelihood); None without learning
         self.learn_summary_ = result.learned.summary
         self.learn_refit_ = result.learned.refit
         self.history_ = result.history
@@ -339,6 +339,22 @@ class BaseKernelModel(SklearnProtocol):
     def mean_(self, value: Tensor) -> None:
         self._check_fitted()
         self.posterior_.offset = value
+
+    @property
+    def log_marginal_likelihood_value_(self) -> float | None:
+        """The log marginal likelihood at the learned hyperparameters, as scikit-learn's attribute of that name.
+
+        ``log p(y) = -1/2 r^T (K + sigma^2 I)^{-1} r - 1/2 log|K + sigma^2 I| - n/2 log(2 pi)`` (Rasmussen &
+        Williams 2006, eq. 2.30), summed over outputs, in the scaled target units (after ``normalize_y``,
+        as scikit-learn's), over the rows the objective used: all training rows for ``learn="exact"``
+        without ``subset``, the random subset otherwise (``learn_summary_['likelihood_terms']`` counts
+        rows x outputs); for ``learn="sgpr"`` the collapsed lower bound on it (Titsias 2009, eq. 9). With
+        priors on the kernel it includes their log densities. None when nothing was learned, when the
+        objective is no likelihood (``holdout``), or when ``refit_subset`` moved the point afterwards.
+        """
+        self._check_fitted()
+        summary = self.learn_summary_
+        return None if summary is None else summary.get("log_marginal_likelihood")
 
     @property
     def _y_train_mean(self) -> Tensor:

@@ -67,6 +67,8 @@ def save_model(model: Any, path) -> None:
     if model.center_weights_ is not None:
         fitted["center_weights"] = model.center_weights_.detach().cpu()
     fitted["learning"] = {"history": [float(v) for v in model.learn_history_]}
+    if model.learn_summary_ is not None:
+        fitted["learning"]["summary"] = dict(model.learn_summary_)
     if model.learn_refit_ is not None:
         fitted["learning"]["refit"] = {
             k: (list(v) if isinstance(v, tuple) else v) for k, v in model.learn_refit_.items()
@@ -236,7 +238,12 @@ def model_from_state(cls: type, state: dict[str, Any], path, device: torch.devic
         centers = Centers(points=points, weights=weights)
     learning = fitted.get("learning", {})
     learned = Learned(
-        kernel, posterior.noise, posterior.offset, list(learning.get("history", [])), learning.get("refit")
+        kernel,
+        posterior.noise,
+        posterior.offset,
+        list(learning.get("history", [])),
+        learning.get("refit"),
+        _learn_summary(path, learning.get("summary")),
     )
     model._set_fitted(
         plan_solver=solver_name,
@@ -363,3 +370,38 @@ def _tensors(value: Any, where: str = ""):
     elif isinstance(value, (list, tuple)):
         for i, item in enumerate(value):
             yield from _tensors(item, f"{where}[{i}]")
+
+
+# the learning summary's entries and the types a file may give them (None allowed for each)
+_SUMMARY_TYPES: dict[str, tuple[type, ...]] = {
+    "objective": (str,),
+    "evaluations": (int,),
+    "best_value": (int, float),
+    "best_evaluation": (int,),
+    "stopped": (str,),
+    "log_marginal_likelihood": (int, float),
+    "likelihood_terms": (int,),
+}
+
+
+def _learn_summary(path: Any, summary: Any) -> dict[str, Any] | None:
+    """The file's ``fitted.learning.summary`` checked entry by entry (None in files written before it)."""
+    if summary is None:
+        return None
+    if not isinstance(summary, dict):
+        raise _fail(path, "fitted.learning.summary", f"must be a dict, got {type(summary).__name__}")
+    checked: dict[str, Any] = {}
+    for key, value in summary.items():
+        kinds = _SUMMARY_TYPES.get(key)
+        if kinds is None:
+            raise _fail(
+                path, f"fitted.learning.summary.{key}", f"is not an entry kgp writes ({sorted(_SUMMARY_TYPES)})"
+            )
+        if value is not None and (isinstance(value, bool) or not isinstance(value, kinds)):
+            raise _fail(
+                path,
+                f"fitted.learning.summary.{key}",
+                f"must be {' or '.join(k.__name__ for k in kinds)}, got {value!r}",
+            )
+        checked[key] = value
+    return checked

@@ -106,7 +106,12 @@ class KernelRegressor(BaseKernelModel):
     learn_history_, learn_summary_, learn_refit_:
         The minimised objective per evaluation; how learning ended (``objective``, ``evaluations``,
         ``best_value``, ``best_evaluation``, ``stopped``: ``"budget"``, ``"callback"``, ``"interrupted"``
-        or ``"failed: ..."``; None without learning and after ``kgp.load``); what ``refit_subset`` changed.
+        or ``"failed: ..."``, ``log_marginal_likelihood``, ``likelihood_terms``; None without learning);
+        what ``refit_subset`` changed. All three are kept by ``save`` / ``kgp.load``.
+    log_marginal_likelihood_value_:
+        scikit-learn's attribute: the log marginal likelihood at the learned hyperparameters, of the rows
+        the objective used (``learn="exact"``; the collapsed lower bound for ``"sgpr"``); None without
+        learning, for ``"holdout"`` and after ``refit_subset``.
     fit_time_, seed_, n_features_in_, n_outputs_:
         Fit wall time (s), seed used, number of features, number of outputs.
     shard_:

@@ -84,4 +84,6 @@ class ExactObjective:
             nll = nll + 0.5 * Y.shape[1] * size * math.log(2 * math.pi)
             return nll / count
 
+        # the value is averaged over these terms: -value * terms is the log marginal likelihood
+        loss.terms = count
         return loss
