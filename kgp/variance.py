@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import Any
 
 import gpytorch
 import torch
@@ -114,13 +115,19 @@ def _working(kernel: gpytorch.kernels.Kernel, dtype: torch.dtype) -> gpytorch.ke
     return kernel if current == dtype else copy.deepcopy(kernel).to(dtype)
 
 
-def nystrom_factors(kernel: gpytorch.kernels.Kernel, X: Tensor, Z: Tensor, noise: float) -> VarianceFactors:
-    """Cholesky factors of ``K_MM`` and ``noise K_MM + K_Mn K_nM`` (one streamed pass over X), in float64."""
+def nystrom_factors(
+    kernel: gpytorch.kernels.Kernel, X: Tensor, Z: Tensor, noise: float, shard: Any = None
+) -> VarianceFactors:
+    """Cholesky factors of ``K_MM`` and ``noise K_MM + K_Mn K_nM`` (one streamed pass over X), in float64.
+
+    ``shard``: in a distributed fit, ``X`` is this rank's rows and ``K_Mn K_nM`` is summed over all
+    ranks' rows (one all-reduce of ``M x M``); every rank then holds the same factors.
+    """
     if X.dtype == torch.float32:
         kernel, X, Z = _working(kernel, torch.float64), X.double(), Z.double()
     with torch.no_grad():
         kmm = kernel_operator(kernel, Z).to_dense()
-        S = kernel_operator(kernel, X, Z).gram().add_(kmm, alpha=noise)
+        S = kernel_operator(kernel, X, Z, shard=shard).gram().add_(kmm, alpha=noise)
         S = 0.5 * (S + S.T)  # kmm is symmetric only to rounding
         # up to 12 tenfold jitters, from eps to ~1e-5 of the mean diagonal: keggdirected's learned GP
         # (M = 11,241, float64) still failed at the sixth (issue 23); a jitter that size moves the std of

@@ -26,6 +26,7 @@ from ..monitor import IterationInfo, Monitor
 from ..plugin import Centers, Problem, SelectionRequest, Solution
 from ..posterior import Posterior, Scaling, TargetScaling
 from ..validation import to_tensor
+from ..variance import nystrom_factors
 from .plan import FitPlan, PluginChoice, RandomStreams
 from .rows import TrainingRows
 
@@ -233,12 +234,14 @@ def posterior_of(
             "(target 'exact', e.g. solver='exact') nor fits on centers (target 'nystrom', Nystrom/DTC "
             "variance, e.g. solver='falkon')"
         )
-    elif target == "nystrom" and rows is not None and rows.shard is not None:
+    elif target == "nystrom" and rows is not None and rows.shard is not None and plan.objective is None:
         kind = "none"
-        # this rank's rows alone would give a variance of the wrong data set, silently
+        # this rank's rows alone would give a variance of the wrong data set, silently; the all-ranks
+        # pass runs at fit, and only for a GP fit (learn=...), as in one process
         reason = (
-            f"not supported after a distributed fit (solver {plan.solver.name!r}): the Nystrom variance needs "
-            "K_Mn K_nM summed over all ranks' rows, which the fit does not compute"
+            f"after a distributed fit without learn (solver {plan.solver.name!r}): the Nystrom variance needs "
+            "K_Mn K_nM summed over all ranks' rows, which a distributed fit computes only when it learns the "
+            "GP (learn=..., e.g. learn='sgpr'); one process computes it on first use"
         )
     return Posterior(
         kernel=learned.kernel,
@@ -248,7 +251,8 @@ def posterior_of(
         scaling=scaling,
         variance_kind=kind,
         centers=centers.points if (kind == "nystrom" and centers is not None) else None,
-        train_X=rows.X if (kind == "nystrom" and rows is not None) else None,
+        # a distributed fit's rows are this rank's only: its factors are built at fit (run) instead
+        train_X=rows.X if (kind == "nystrom" and rows is not None and rows.shard is None) else None,
         no_variance_reason=reason,
         input_scaling=input_scaling,
     )
@@ -319,6 +323,11 @@ def run(
     if plan.objective is not None and posterior.has_variance:
         with monitor.stage(f"variance ({posterior.variance_kind})"):
             try:
+                if rows.shard is not None and posterior.variance_kind == "nystrom" and not posterior.factors_built:
+                    # K_Mn K_nM summed over all ranks (the same factors on every rank)
+                    posterior.hand_on(
+                        nystrom_factors(learned.kernel, rows.X, centers.points, learned.noise, shard=rows.shard)
+                    )
                 posterior.factors()  # a GP fit builds what its std needs now (counted in the fit's time)
             except NotPSDError as exc:
                 # the mean is fitted and good: a failed variance must not throw the fit away (keggdirected)
