@@ -17,6 +17,10 @@ import torch
 import kgp
 from kgp.learning import LearningProblem
 from kgp.registry import get_objective
+from kgp.testing import options_for
+
+# objectives receive their options resolved, as the model passes them
+HOLDOUT = options_for("objective", "holdout")
 
 N, D, M = 250, 3, 20
 
@@ -59,7 +63,9 @@ def test_holdout_value_and_gradients_equal_the_dense_oracle(score):
     leaves = [*kernel.parameters(), noise, mean]
     reference = _oracle(X, Y, kernel, Z, noise, mean, 0.3, score)
     ref_grads = torch.autograd.grad(reference, leaves)
-    loss = get_objective("holdout").prepare(LearningProblem(X, Y, kernel, centers=kgp.Centers(Z), options=options))
+    loss = get_objective("holdout").prepare(
+        LearningProblem(X, Y, kernel, centers=kgp.Centers(Z), options=options_for("objective", "holdout", options))
+    )
     value = loss(noise, mean)
     grads = torch.autograd.grad(value, leaves)
     torch.testing.assert_close(value.detach(), reference.detach(), rtol=1e-9, atol=0)
@@ -70,12 +76,14 @@ def test_holdout_value_and_gradients_equal_the_dense_oracle(score):
 def test_holdout_mse_depends_on_noise_and_outputscale_only_through_their_ratio():
     X, Y, kernel, Z, noise, mean = _setup()
     options = {"score": "mse"}
-    loss = get_objective("holdout").prepare(LearningProblem(X, Y, kernel, centers=kgp.Centers(Z), options=options))
+    loss = get_objective("holdout").prepare(
+        LearningProblem(X, Y, kernel, centers=kgp.Centers(Z), options=options_for("objective", "holdout", options))
+    )
     before = float(loss(noise, mean).detach())
     kernel.outputscale = 1.3 * 4.0
     after = float(loss(noise * 4.0, mean).detach())
     assert after == pytest.approx(before, rel=1e-9)
-    nlpd = get_objective("holdout").prepare(LearningProblem(X, Y, kernel, centers=kgp.Centers(Z)))
+    nlpd = get_objective("holdout").prepare(LearningProblem(X, Y, kernel, centers=kgp.Centers(Z), options=HOLDOUT))
     kernel.outputscale = 1.3
     assert float(nlpd(noise * 4.0, mean).detach()) != pytest.approx(float(nlpd(noise, mean).detach()), rel=1e-3)
 
@@ -83,7 +91,9 @@ def test_holdout_mse_depends_on_noise_and_outputscale_only_through_their_ratio()
 def test_holdout_max_rows_caps_the_held_out_part_and_bad_options_are_refused():
     X, Y, kernel, Z, noise, mean = _setup()
     capped = {"holdout_fraction": 0.5, "max_holdout_rows": 40, "score": "mse"}
-    loss = get_objective("holdout").prepare(LearningProblem(X, Y, kernel, centers=kgp.Centers(Z), options=capped))
+    loss = get_objective("holdout").prepare(
+        LearningProblem(X, Y, kernel, centers=kgp.Centers(Z), options=options_for("objective", "holdout", capped))
+    )
     perm = torch.randperm(N, generator=torch.Generator().manual_seed(0))
     hold, fit = perm[:40], perm[40:]
     with torch.no_grad():
@@ -96,7 +106,7 @@ def test_holdout_max_rows_caps_the_held_out_part_and_bad_options_are_refused():
             X.numpy(), Y[:, 0].numpy()
         )
     with pytest.raises(ValueError, match="needs centers"):
-        get_objective("holdout").prepare(LearningProblem(X, Y, kernel))
+        get_objective("holdout").prepare(LearningProblem(X, Y, kernel, options=HOLDOUT))
 
 
 def test_model_learns_with_holdout_and_beats_the_initial_hyperparameters():
@@ -123,7 +133,9 @@ def test_repeated_centers_leave_the_objective_unchanged(objective):
     repeated = torch.cat([Z, Z[:7], Z[3:5]])  # exact repeats, as uniform centers on discrete data give
     value = {}
     for name, centers in (("distinct", Z), ("repeated", repeated)):
-        loss = get_objective(objective).prepare(LearningProblem(X, Y, kernel, centers=kgp.Centers(centers)))
+        loss = get_objective(objective).prepare(
+            LearningProblem(X, Y, kernel, centers=kgp.Centers(centers), options=options_for("objective", objective))
+        )
         value[name] = float(loss(noise, mean).detach())
     assert value["repeated"] == pytest.approx(value["distinct"], rel=1e-12)
 

@@ -17,6 +17,7 @@ import kgp
 from kgp import settings
 from kgp.learning import LearningProblem
 from kgp.registry import UnknownPluginError, get_objective
+from kgp.testing import options_for
 
 N, D, M = 300, 3, 25
 
@@ -72,7 +73,9 @@ def _compare(objective: str, kind: str):
     reference = reference.detach()
 
     centers = kgp.Centers(Z) if objective == "sgpr" else None
-    loss = get_objective(objective).prepare(LearningProblem(X, y[:, None], kernel, centers=centers))
+    loss = get_objective(objective).prepare(
+        LearningProblem(X, y[:, None], kernel, centers=centers, options=options_for("objective", objective))
+    )
     value = loss(likelihood.noise.reshape(()), model.mean_module.constant.reshape(1))
     grads = torch.autograd.grad(value, leaves)
     value = value.detach()
@@ -101,8 +104,12 @@ def test_sgpr_with_all_points_as_centers_is_the_exact_likelihood():
     X, y = X[:80], y[:80]
     kernel = _kernel("rbf_ard")
     noise, mean = torch.tensor(0.05, dtype=torch.float64), torch.tensor([0.1], dtype=torch.float64)
-    exact = get_objective("exact").prepare(LearningProblem(X, y[:, None], kernel))(noise, mean)
-    sgpr = get_objective("sgpr").prepare(LearningProblem(X, y[:, None], kernel, centers=kgp.Centers(X)))(noise, mean)
+    exact = get_objective("exact").prepare(
+        LearningProblem(X, y[:, None], kernel, options=options_for("objective", "exact"))
+    )(noise, mean)
+    sgpr = get_objective("sgpr").prepare(
+        LearningProblem(X, y[:, None], kernel, centers=kgp.Centers(X), options=options_for("objective", "sgpr"))
+    )(noise, mean)
     assert abs(float((exact - sgpr).detach())) < 1e-7 * abs(float(exact.detach()))
 
 
@@ -111,7 +118,9 @@ def test_exact_subset_is_the_exact_likelihood_of_the_drawn_rows():
     kernel = _kernel("rbf_ard")
     noise, mean = torch.tensor(0.05, dtype=torch.float64), torch.tensor([0.0], dtype=torch.float64)
     gen = torch.Generator().manual_seed(3)
-    problem = LearningProblem(X, y[:, None], kernel, options={"subset": 50}, generator=gen)
+    problem = LearningProblem(
+        X, y[:, None], kernel, options=options_for("objective", "exact", subset=50), generator=gen
+    )
     value = get_objective("exact").prepare(problem)(noise, mean)
     rows = torch.randperm(N, generator=torch.Generator().manual_seed(3))[:50]
     with torch.no_grad():
@@ -122,13 +131,13 @@ def test_exact_subset_is_the_exact_likelihood_of_the_drawn_rows():
 
 def test_exact_refuses_more_rows_than_the_exact_size_limit():
     X, y = _data()
-    problem = LearningProblem(X, y[:, None], _kernel("rbf_ard"))
+    problem = LearningProblem(X, y[:, None], _kernel("rbf_ard"), options=options_for("objective", "exact"))
     with (
         settings.max_exact_size(100),
         pytest.raises(ValueError, match=r"n=300 exceeds kgp.settings.max_exact_size=100"),
     ):
         get_objective("exact").prepare(problem)
-    problem.options = {"subset": 100}
+    problem.options = options_for("objective", "exact", subset=100)
     with settings.max_exact_size(100):
         get_objective("exact").prepare(problem)  # a subset within the limit is fine
 
@@ -151,7 +160,9 @@ def test_sgpr_at_large_n_never_allocates_n_by_m_forward_or_backward():
     noise = torch.tensor(0.1, requires_grad=True)
     mean = torch.zeros(1, requires_grad=True)
     with settings.memory_budget(budget), settings.kernel_cache("auto"):
-        loss = get_objective("sgpr").prepare(LearningProblem(X, y, kernel, centers=kgp.Centers(Z)))
+        loss = get_objective("sgpr").prepare(
+            LearningProblem(X, y, kernel, centers=kgp.Centers(Z), options=options_for("objective", "sgpr"))
+        )
         with LargestOutput() as rec:
             value = loss(noise, mean)
             value.backward()
@@ -173,7 +184,7 @@ def test_sgpr_batch_rows_is_the_full_bound_at_full_batch_and_unbiased_in_its_row
             y[:, None],
             kernel,
             centers=centers,
-            options={"batch_rows": batch_rows},
+            options=options_for("objective", "sgpr", batch_rows=batch_rows),
             generator=torch.Generator().manual_seed(seed),
         )
         return get_objective("sgpr").prepare(problem)

@@ -26,7 +26,7 @@ from torch import Tensor
 from ..diagnostics import DivergenceError
 from ..linalg import NotPSDError
 from ..monitor import Monitor
-from ..options import Option, merge_options
+from ..options import Option, ResolvedOptions, merge_options
 from ..plugin import Centers
 from ..registry import get_objective
 from .bounds import LengthscaleFloors
@@ -143,7 +143,9 @@ def split_learn_options(name: str, objective: Any, given: dict[str, Any] | None)
         raise TypeError(f"objective {name!r} declares options {clash} that the learning loop owns; rename them")
     merged = merge_options(f"learn {name!r}", {**loop_declarations(name, objective), **own}, given)
     loop = {k: merged[k] for k in LEARN_OPTIONS}
-    return loop, {k: v for k, v in merged.items() if k not in LEARN_OPTIONS}
+    own_values = {k: v for k, v in merged.items() if k not in LEARN_OPTIONS}
+    # the objective reads them as they are (validated here, once)
+    return loop, ResolvedOptions(f"objective {name!r}", own_values)
 
 
 def loop_declarations(name: str, objective: Any) -> dict[str, Option]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +33,10 @@ class LearningProblem(RowData):
         Inducing points / Nystrom centers (:class:`kgp.Centers`) for objectives with
         ``uses_centers = True``, else None. Held fixed during learning.
     options:
-        The objective's options, merged with its ``option_defaults`` (the loop's own options removed).
+        The objective's options, validated once and merged with its ``option_defaults`` (a
+        :class:`kgp.options.ResolvedOptions`; the loop's own options removed): the objective reads
+        them and never validates again. A test calling ``prepare`` directly builds them with
+        ``kgp.testing.options_for("objective", name, ...)``.
     generator:
         Seeded CPU ``torch.Generator``: the only source of randomness.
     shard:
@@ -46,7 +50,7 @@ class LearningProblem(RowData):
     y: Tensor
     kernel: gpytorch.kernels.Kernel
     centers: Centers | None = None
-    options: dict[str, Any] = field(default_factory=dict)
+    options: Mapping[str, Any] = field(default_factory=dict)
     generator: torch.Generator = field(default_factory=lambda: torch.Generator().manual_seed(0))
     shard: Any = None
 

@@ -44,7 +44,7 @@ class ExactObjective:
     supports_distributed = True
 
     def prepare(self, problem: LearningProblem) -> Callable[[Tensor, Tensor], Tensor]:
-        options = kgp.merge_options("objective 'exact'", self.option_defaults, problem.options)
+        options = problem.options  # resolved once by the model (kgp.options.resolve_options)
         n, subset = problem.n, options["subset"]
         if problem.shard is not None and subset is None:
             raise ValueError(

@@ -88,7 +88,7 @@ class HoldoutObjective:
     loop_defaults = {"optimizer": "lbfgs", "iterations": 50, "learn_mean": False}
 
     def prepare(self, problem: LearningProblem) -> Callable[[Tensor, Tensor], Tensor]:
-        options = kgp.merge_options("objective 'holdout'", self.option_defaults, problem.options)
+        options = problem.options  # resolved once by the model (kgp.options.resolve_options)
         if problem.centers is None:
             raise ValueError("objective 'holdout' needs centers (the Nystrom predictor's)")
         n = problem.n

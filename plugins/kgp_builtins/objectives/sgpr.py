@@ -64,7 +64,7 @@ class SGPRObjective:
     supports_distributed = True  # the four row sums are summed over the ranks (differentiable_sum)
 
     def prepare(self, problem: LearningProblem) -> Callable[[Tensor, Tensor], Tensor]:
-        options = kgp.merge_options("objective 'sgpr'", self.option_defaults, problem.options)
+        options = problem.options  # resolved once by the model (kgp.options.resolve_options)
         X_all, Y_all = problem.X, problem.y
         if problem.centers is None:
             raise ValueError("objective 'sgpr' needs centers (inducing points)")
