@@ -56,6 +56,11 @@ class Capabilities:
         Objectives: the learning loop's defaults that suit the objective, e.g.
         ``{"optimizer": "lbfgs", "iterations": 50}`` (validated against the loop's options when the
         plan is resolved; ``learn_options`` override them).
+    likelihood:
+        Objectives: the value is a negative log (marginal) likelihood per (row, output) term, or a
+        bound on it. The loop then warns when learning ends above the white-noise model's likelihood,
+        and ``-value * loss.terms`` (``loss`` being what ``prepare`` returned, ``terms`` its count of
+        terms) is the model's ``log_marginal_likelihood_value_``.
     """
 
     uses_centers: bool = False
@@ -65,9 +70,10 @@ class Capabilities:
     distributed_refusal: str | None = None
     partial_fit: bool = False
     loop_defaults: Mapping[str, Any] = field(default_factory=dict)
+    likelihood: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("uses_centers", "needs_grad", "distributed", "partial_fit"):
+        for name in ("uses_centers", "needs_grad", "distributed", "partial_fit", "likelihood"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"Capabilities.{name}: expected True or False, got {getattr(self, name)!r}")
         if self.target not in TARGETS:

@@ -101,9 +101,9 @@ def register_objectives(register) -> None:
 
     - ``capabilities = kgp.Capabilities(...)``: ``uses_centers`` (it needs ``problem.centers``; the
       model selects them with the center selector, or takes the explicit ``centers``),
-      ``distributed`` (it accepts ``problem.shard``) and ``loop_defaults``, the loop's defaults that
+      ``distributed`` (it accepts ``problem.shard``), ``loop_defaults``, the loop's defaults that
       suit it, e.g. ``{"optimizer": "lbfgs", "iterations": 50}`` (validated; ``learn_options``
-      override them);
+      override them), and ``likelihood`` (its value is a negative log likelihood per point, below);
     - ``option_defaults``: every option it accepts, each a :class:`kgp.Option` (the user passes them
       in ``learn_options`` next to the loop's own options; unknown names are rejected before any
       work); ``problem.options`` holds them resolved;
@@ -118,7 +118,7 @@ def register_objectives(register) -> None:
       kernel's current hyperparameters from ``problem.kernel``. kgp owns the optimisation loop
       (torch.optim over the kernel's raw parameters, the raw noise and the mean), adds the kernel's
       GPyTorch priors, and stops with an error on a NaN or infinite value. An objective whose value
-      is a negative log likelihood per point declares ``per_point_nll = True`` and sets
+      is a negative log likelihood per point declares ``Capabilities(likelihood=True)`` and sets
       ``loss.terms`` to the number of (row, output) terms it averages: the model then reports
       ``-value * terms`` as ``log_marginal_likelihood_value_``.
 

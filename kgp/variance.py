@@ -2,7 +2,7 @@
 
 Two forms, chosen by what the solver fitted:
 
-- **exact** (solvers declaring ``exact_posterior = True``, e.g. ``exact``): the GP posterior variance
+- **exact** (solvers declaring ``Capabilities(target="exact")``, e.g. ``exact``): the GP posterior variance
   of the latent function (Rasmussen & Williams 2006, Algorithm 2.1, lines 5-6)::
 
       var f(x) = k(x, x) - k_x^T (K + sigma^2 I)^{-1} k_x,     k_x = K(X, x);

@@ -461,8 +461,8 @@ def test_option_defaults_documented_and_registered():
     for declaration in {**EIGENPRO3_DEFAULTS, **EIGENPRO2_DEFAULTS}.values():
         assert isinstance(declaration, kgp.Option) and declaration.help
     assert option_default(EIGENPRO3_DEFAULTS["epochs"]) == 10
-    assert kgp.get_solver("eigenpro").uses_centers is True
-    assert kgp.get_solver("eigenpro2").uses_centers is False
+    assert kgp.get_solver("eigenpro").capabilities.uses_centers is True
+    assert kgp.get_solver("eigenpro2").capabilities.uses_centers is False
 
 
 def test_docs_options_table_matches_declarations():

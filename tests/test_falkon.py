@@ -119,7 +119,7 @@ def airline_subset(shared, n_train=20_000, n_test=5_000):
 def test_registered_with_documented_defaults():
     solver = kgp.get_solver("falkon")
     assert isinstance(solver, FalkonSolver)
-    assert solver.uses_centers is True
+    assert solver.capabilities.uses_centers is True
     assert solver.option_defaults["maxiter"].default == 20
     assert solver.option_defaults["residual_every"].default == 10
     assert kgp.resolve_options("solver 'falkon'", solver, residual_every=None)["residual_every"] is None

@@ -12,7 +12,6 @@ import torch
 
 import kgp
 from kgp.registry import LoadFailure, PluginLoadError, Registry, UnknownPluginError
-from kgp.registry.contract import _AWAITING_CAPABILITIES
 
 
 class GoodSolver:
@@ -59,7 +58,7 @@ def test_a_solver_without_capabilities_is_refused_showing_the_declaration():
         "kgp plugin 'contract_plugin' registered solver 'contract-thing', which declares no capabilities: declare "
         "what it can do with `capabilities = kgp.Capabilities(...)` on its class, e.g. `capabilities = "
         'kgp.Capabilities(uses_centers=True, target="nystrom")` (fields: uses_centers, target, needs_grad, '
-        "distributed, distributed_refusal, partial_fit, loop_defaults) and was not registered"
+        "distributed, distributed_refusal, partial_fit, loop_defaults, likelihood) and was not registered"
     )
     assert error.failure.names == (("solver", "contract-thing"),)
 
@@ -108,19 +107,14 @@ def test_only_solvers_declare_partial_fit():
     )
 
 
-def test_a_contract_following_solver_is_usable_and_gets_the_flags_the_core_still_reads():
+def test_a_contract_following_solver_is_usable_through_its_capabilities_alone():
     solver = GoodSolver()
     name = kgp.register(_plugin("good_contract_plugin", "solver", solver, "good-contract"))
     try:
         info = kgp.registry.registry.get("solver", "good-contract")
         assert info.capabilities is GoodSolver.capabilities
-        # transitional mirror (kgp/models reads these until the fit plan lands), from the capabilities
-        assert (solver.uses_centers, solver.exact_posterior, solver.supports_distributed, solver.needs_grad) == (
-            False,
-            True,
-            False,
-            False,
-        )
+        # the core reads the record only: no loose flags are set on the plugin
+        assert not any(hasattr(solver, f) for f in ("uses_centers", "exact_posterior", "supports_distributed"))
         X = np.random.default_rng(0).normal(size=(40, 2))
         model = kgp.KernelRegressor(solver="good-contract", noise=0.1).fit(X, X[:, 0])
         exact = kgp.KernelRegressor(solver="exact", noise=0.1).fit(X, X[:, 0])
@@ -162,7 +156,6 @@ def test_objectives_follow_the_same_contract():
     name = kgp.register(_plugin("objective_plugin", "objective", objective, "fake-nll"))
     try:
         assert kgp.registry.registry.get("objective", "fake-nll").capabilities.loop_defaults == {"iterations": 7}
-        assert objective.loop_defaults == {"iterations": 7} and objective.uses_centers is False  # for the loop
         X = np.random.default_rng(1).normal(size=(30, 2))
         model = kgp.KernelRegressor(learn="fake-nll", noise=0.1).fit(X, np.sin(X[:, 0]))
         assert len(model.learn_history_) == 7  # the loop took the objective's default
@@ -170,22 +163,20 @@ def test_objectives_follow_the_same_contract():
         kgp.unregister(name)
 
 
-def test_builtin_objectives_await_their_capabilities_from_the_learning_branch():
-    """Transitional: only kgp's own three objectives register without a record (derived from their flags)."""
+def test_builtin_objectives_declare_their_capabilities():
+    """kgp's own objectives follow the contract a third party's does (no allowance, no loose flags)."""
     reg = kgp.registry.registry
-    assert set(reg.names("objective")) >= _AWAITING_CAPABILITIES
-    for name in _AWAITING_CAPABILITIES:
-        info = reg.get("objective", name)
-        assert info.builtin and isinstance(info.capabilities, kgp.Capabilities)
-        assert info.capabilities.uses_centers == info.obj.uses_centers
-    assert reg.get("objective", "holdout").capabilities.loop_defaults == {
-        "optimizer": "lbfgs",
-        "iterations": 50,
-        "learn_mean": False,
+    expected = {
+        "exact": kgp.Capabilities(likelihood=True, distributed=True),
+        "sgpr": kgp.Capabilities(uses_centers=True, distributed=True, likelihood=True),
+        "holdout": kgp.Capabilities(
+            uses_centers=True, loop_defaults={"optimizer": "lbfgs", "iterations": 50, "learn_mean": False}
+        ),
     }
-    # a third party's objective of the same name gets no such allowance
-    error = _refused("objective", _without(FakeObjective, "capabilities"))
-    assert error.failure.stage == "contract"
+    for name, caps in expected.items():
+        info = reg.get("objective", name)
+        assert info.builtin and info.capabilities == caps and info.obj.capabilities is info.capabilities
+        assert not any(hasattr(info.obj, f) for f in ("uses_centers", "supports_distributed", "per_point_nll"))
 
 
 def test_an_entry_point_breaking_the_contract_is_skipped_and_reported(tmp_path, monkeypatch):
@@ -252,18 +243,12 @@ def test_eigenpro2_targets_the_exact_posterior_and_says_why_it_is_not_distribute
 
 
 @pytest.mark.parametrize("kind, name", list(EXPECTED) + [("solver", "eigenpro2")])
-def test_builtin_legacy_flags_agree_with_the_capabilities(kind, name):
-    """Until kgp/models reads capabilities, the built-ins' legacy flags must say the same thing."""
+def test_builtins_carry_no_loose_capability_flags(kind, name):
+    """The core reads capabilities only, so a loose flag on a built-in could only disagree with them."""
     obj = kgp.registry.registry.get(kind, name).obj
-    caps = obj.capabilities
-    assert getattr(obj, "supports_distributed", False) == caps.distributed
-    assert getattr(obj, "distributed_refusal", None) == caps.distributed_refusal
-    assert getattr(obj, "needs_grad", False) == caps.needs_grad
-    assert hasattr(obj, "partial_fit") == caps.partial_fit
-    if kind == "solver":
-        assert obj.uses_centers == caps.uses_centers
-        # exact_posterior: only `exact` declares it today (the variance path of kgp/models)
-        assert getattr(obj, "exact_posterior", False) == (name == "exact")
+    loose = ("uses_centers", "exact_posterior", "supports_distributed", "needs_grad", "distributed_refusal")
+    assert [f for f in loose if f in vars(type(obj)) or f in vars(obj)] == []
+    assert hasattr(obj, "partial_fit") == obj.capabilities.partial_fit
 
 
 def test_builtin_option_tables_are_plain_option_declarations():

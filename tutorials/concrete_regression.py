@@ -39,7 +39,7 @@ def run(output_dir: str | Path = "tutorials/output") -> dict[str, float]:
     results: dict[str, np.ndarray] = {}
     for solver in kgp.registry.registry.names("solver"):
         model = kgp.KernelRegressor("rbf", lengthscale=2.0, noise=0.05, solver=solver, random_state=0)
-        if kgp.get_solver(solver).uses_centers:
+        if kgp.get_solver(solver).capabilities.uses_centers:
             model.set_params(n_centers=400)  # half the training set as Nystrom centers
         model.fit(Xs[train], ys[train])
         results[solver] = model.predict(Xs[test]) * y_std + y_mean

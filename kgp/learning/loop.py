@@ -62,6 +62,14 @@ LEARN_OPTIONS: dict[str, Option] = {
         help="Adam only: while the objective is still falling after 'iterations' steps (kgp.learning.outcome), go "
         "on in quarters of 'iterations' up to this many steps; None: stop at 'iterations'",
     ),
+    "initial_noise_fraction": Option.number(
+        None,
+        minimum=0.0,
+        exclusive_minimum=True,
+        allow_none=True,
+        help="start the noise variance at this fraction of the targets' variance (mean over outputs) instead of "
+        "the model's noise; None: the model's noise. learn='auto' sets it (kgp_builtins.recipes)",
+    ),
     "learn_noise": Option.boolean(True, help="train the noise variance (False: keep the model's noise)"),
     "learn_mean": Option.boolean(True, help="train a constant mean per output (False: keep the initial mean)"),
     "refit_subset": Option.integer(
@@ -106,7 +114,7 @@ class LearnResult:
         asked), ``"interrupted"`` (Ctrl-C), or ``"failed: ..."`` (a later step failed; the best earlier
         point is returned and a :class:`kgp.ConvergenceWarning` says so).
     terms:
-        For an objective whose value is a negative log likelihood per point (``per_point_nll``): the
+        For an objective whose value is a negative log likelihood per point (``Capabilities(likelihood=True)``): the
         number of (row, output) terms it averages, so ``-best_value * terms`` is the log marginal
         likelihood of the rows it used (a lower bound for ``sgpr``); None for other objectives.
     """
@@ -151,20 +159,18 @@ def split_learn_options(name: str, objective: Any, given: dict[str, Any] | None)
 def loop_declarations(name: str, objective: Any) -> dict[str, Option]:
     """:data:`LEARN_OPTIONS` with the defaults an objective chooses for itself (its ``loop_defaults``).
 
-    An objective may declare ``loop_defaults``, e.g. ``{"optimizer": "lbfgs", "iterations": 50}``:
+    An objective may declare ``Capabilities(loop_defaults=...)``, e.g. ``{"optimizer": "lbfgs", "iterations": 50}``:
     the loop's defaults that suit it (measured, and documented with the objective). Each value is
     checked as a user's value would be, so a bad default fails at once, naming the objective.
 
     Raises
     ------
     TypeError
-        ``loop_defaults`` is not a mapping, or names an option the loop does not have.
+        ``loop_defaults`` names an option the loop does not have.
     InvalidOptionError
         A default the loop's declaration rejects.
     """
-    chosen = getattr(objective, "loop_defaults", None) or {}
-    if not isinstance(chosen, dict):
-        raise TypeError(f"objective {name!r}: loop_defaults must be a dict, got {type(chosen).__name__}")
+    chosen = dict(objective.capabilities.loop_defaults)  # a Mapping, checked by Capabilities
     unknown = sorted(set(chosen) - set(LEARN_OPTIONS))
     if unknown:
         raise TypeError(
@@ -214,7 +220,7 @@ def learn_hyperparameters(
         caller owns and closes it.
     shard:
         None, or a :class:`kgp.distributed.Shard`: X and y are this rank's rows; the objective must
-        declare ``supports_distributed = True`` and returns the same loss and gradient on every rank,
+        declare ``Capabilities(distributed=True)`` and returns the same loss and gradient on every rank,
         so every rank takes the same optimizer steps.
 
     Returns
@@ -230,10 +236,12 @@ def learn_hyperparameters(
         The objective became NaN or infinite; the message names the step and the hyperparameters.
     """
     obj = get_objective(objective)
-    if shard is not None and not getattr(obj, "supports_distributed", False):
+    caps = obj.capabilities
+    if shard is not None and not caps.distributed:
         raise ValueError(
             f"learn={objective!r} does not support distributed fitting (distributed=True): the objective does not "
-            "declare supports_distributed = True. Use learn='sgpr', or learn='exact' with learn_options={'subset': S}"
+            "declare Capabilities(distributed=True). Use learn='sgpr', or learn='exact' with "
+            "learn_options={'subset': S}"
         )
     loop, obj_options = split_learn_options(objective, obj, options)
     if shard is not None and loop["refit_subset"] is not None:
@@ -242,7 +250,7 @@ def learn_hyperparameters(
             "across ranks); drop it"
         )
     Y = y.unsqueeze(-1) if y.dim() == 1 else y
-    if getattr(obj, "uses_centers", False) and centers is None:
+    if caps.uses_centers and centers is None:
         raise ValueError(f"objective {objective!r} needs centers (inducing points); pass centers or n_centers")
     params = [p for p in kernel.parameters() if p.requires_grad]
     if not params:
@@ -251,6 +259,10 @@ def learn_hyperparameters(
             "has none (or all have requires_grad=False)"
         )
     min_noise = loop["min_noise"]
+    if loop["initial_noise_fraction"] is not None:
+        variance = _target_variance(Y, shard)
+        if variance > 0:  # constant targets: the model's noise
+            noise = loop["initial_noise_fraction"] * variance
     if not noise > min_noise:
         raise ValueError(
             f"noise: the initial noise variance {noise!r} must be above learn_options['min_noise']={min_noise!r}"
@@ -279,7 +291,7 @@ def learn_hyperparameters(
     floors = LengthscaleFloors(kernel, _feature_scale(X, shard), loop["min_lengthscale"])
     with torch.enable_grad(), floors:
         loss_fn = obj.prepare(problem)
-        terms = getattr(loss_fn, "terms", None) if getattr(obj, "per_point_nll", False) else None
+        terms = getattr(loss_fn, "terms", None) if caps.likelihood else None
 
         def total() -> Tensor:
             value = loss_fn(constraint.transform(raw_noise), mean_t)
@@ -398,6 +410,20 @@ def learn_hyperparameters(
         stopped=stopped,
         terms=terms,
     )
+
+
+def _target_variance(Y: Tensor, shard: Any) -> float:
+    """The targets' variance (two passes, mean over outputs); in a distributed fit of all ranks' rows."""
+    with torch.no_grad():
+        Yd = Y.detach().double()
+        count = torch.tensor([float(Y.shape[0])], dtype=torch.float64, device=Y.device)
+        total = Yd.sum(dim=0)
+        if shard is not None:
+            count, total = shard.all_reduce_(count), shard.all_reduce_(total)
+        squares = (Yd - total / count).square().sum(dim=0)
+        if shard is not None:
+            squares = shard.all_reduce_(squares)
+        return float((squares / (count - 1).clamp_min(1)).mean())
 
 
 def _feature_scale(X: Tensor, shard: Any) -> Tensor:

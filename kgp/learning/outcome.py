@@ -75,10 +75,11 @@ def white_noise_nll(obj: Any, Y: Tensor, shard: Any) -> float | None:
     """Per-point negative log likelihood of the constant-mean, white-noise model at the targets' variance.
 
     ``1/2 log(2 pi e var(y))`` averaged over outputs: every GP whose kernel can shrink to 0 does at least
-    this well, so a likelihood objective (``per_point_nll = True``) that ends above it has not converged.
+    this well, so a likelihood objective (``Capabilities(likelihood=True)``) that ends above it has not
+    converged.
     None for other objectives and in a distributed fit (the variance would need all ranks' rows).
     """
-    if not getattr(obj, "per_point_nll", False) or shard is not None or Y.shape[0] < 2:
+    if not obj.capabilities.likelihood or shard is not None or Y.shape[0] < 2:
         return None
     var = Y.detach().double().var(dim=0).clamp_min(1e-300)
     return float((0.5 * torch.log(2 * math.pi * math.e * var)).mean())

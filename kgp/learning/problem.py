@@ -31,7 +31,7 @@ class LearningProblem(RowData):
         calls of the loss; read them (e.g. through :meth:`kernel_operator`) inside the loss.
     centers:
         Inducing points / Nystrom centers (:class:`kgp.Centers`) for objectives with
-        ``uses_centers = True``, else None. Held fixed during learning.
+        ``Capabilities(uses_centers=True)``, else None. Held fixed during learning.
     options:
         The objective's options, validated once and merged with its ``option_defaults`` (a
         :class:`kgp.options.ResolvedOptions`; the loop's own options removed): the objective reads
@@ -42,7 +42,7 @@ class LearningProblem(RowData):
     shard:
         None, or in a distributed fit (:mod:`kgp.distributed`) where this rank's rows of ``X`` and
         ``y`` sit: ``n`` is then the global number of rows. Only objectives with
-        ``supports_distributed = True`` receive one (they sum their row sums over the ranks, e.g.
+        ``Capabilities(distributed=True)`` receive one (they sum their row sums over the ranks, e.g.
         with :func:`kgp.distributed.differentiable_sum`).
     """
 

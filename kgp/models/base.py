@@ -427,14 +427,14 @@ def _check_distributed_plugins(plan: FitPlan) -> None:
             + (
                 f"{reason}."
                 if reason
-                else "it does not declare supports_distributed = True. Use solver='falkon', or fit on one process "
+                else "it does not declare Capabilities(distributed=True). Use solver='falkon', or fit on one process "
                 "holding all rows."
             )
         )
     if plan.selector is not None and not plan.selector.capabilities.distributed:
         raise ValueError(
             f"centers={plan.selector.name!r} does not support distributed fitting (distributed=True): the "
-            "selector does not declare supports_distributed = True. Use centers='uniform' or explicit centers."
+            "selector does not declare Capabilities(distributed=True). Use centers='uniform' or explicit centers."
         )
 
 

@@ -228,9 +228,7 @@ def model_from_state(cls: type, state: dict[str, Any], path, device: torch.devic
         )
     except PosteriorStateError as exc:
         raise ModelFileError(f"{path}: invalid model file: {exc}") from None
-    caps = getattr(solver, "capabilities", None)
-    uses_centers = caps.uses_centers if caps is not None else bool(getattr(solver, "uses_centers", False))
-    points = getattr(posterior.predictor, "centers", None) if uses_centers else None
+    points = getattr(posterior.predictor, "centers", None) if solver.capabilities.uses_centers else None
     centers = None
     if points is not None:
         weights = fitted.get("center_weights")
@@ -347,8 +345,7 @@ def _exact_target(solver: str) -> bool:
         plugin = get_solver(solver)
     except UnknownPluginError:
         return False
-    caps = getattr(plugin, "capabilities", None)
-    return caps.target == "exact" if caps is not None else bool(getattr(plugin, "exact_posterior", False))
+    return plugin.capabilities.target == "exact"
 
 
 def _vector(value: Any, like: torch.Tensor, fill: float) -> torch.Tensor:

@@ -247,7 +247,7 @@ class KernelRegressor(BaseKernelModel):
             Also return the standard deviation, as scikit-learn's ``GaussianProcessRegressor``: of
             the **latent function f** (the observation noise ``noise_`` is not included, like
             scikit-learn's ``alpha``), in the targets' units (times the ``normalize_y`` scale). The
-            exact GP variance for solvers with ``exact_posterior`` (``exact``); the DTC / SGPR
+            exact GP variance for solvers with ``Capabilities(target="exact")`` (``exact``); the DTC / SGPR
             variance on the fitted centers for center-based solvers (``falkon``, ...), see
             :mod:`kgp.variance`. Other solvers raise ValueError naming the solver.
         include_noise:

@@ -12,19 +12,6 @@ Each must declare
 
 A plugin that breaks one of these is refused as a whole (``LoadFailure.stage == "contract"``) with
 a message naming the plugin, the registered name and the fix.
-
-Transitional, until every reader takes capabilities (the fit plan of issue 24 does; these not yet):
-
-- kgp/learning/loop.py still reads an objective's loose ``uses_centers``, ``supports_distributed``
-  and ``loop_defaults``, kgp/cli.py a solver's ``uses_centers``, and kgp/fitting/plan.py and
-  kgp/models/persistence.py fall back to the loose flags (``exact_posterior`` too) for a plugin
-  without capabilities. kgp's built-ins keep theirs; a plugin that declares none of them (it follows
-  the contract) gets them set from its capabilities (:func:`_mirror_legacy_flags`). Delete both
-  when those readers take capabilities.
-- kgp's built-in objectives (``exact``, ``sgpr``, ``holdout``) receive their capabilities from the
-  learning developer's branch; until it lands, those three (and only from kgp's own distribution)
-  are accepted without one, with a record derived from their loose attributes
-  (:data:`_AWAITING_CAPABILITIES`).
 """
 
 from __future__ import annotations
@@ -46,9 +33,6 @@ _EXAMPLE = {
     "selector": "capabilities = kgp.Capabilities(distributed=False)",
     "objective": "capabilities = kgp.Capabilities(uses_centers=True)",
 }
-_LEGACY_FLAGS = ("uses_centers", "needs_grad", "exact_posterior", "supports_distributed", "distributed_refusal")
-# kgp's own objectives, until the learning developer's branch gives them their capabilities
-_AWAITING_CAPABILITIES = frozenset({"exact", "sgpr", "holdout"})
 
 
 class ContractError(ValueError):
@@ -71,8 +55,6 @@ def check_registration(info: PluginInfo) -> PluginInfo:
         return info
     obj, kind = info.obj, info.kind
     capabilities = getattr(obj, "capabilities", None)
-    if capabilities is None and kind == "objective" and info.builtin and info.name in _AWAITING_CAPABILITIES:
-        capabilities = _from_legacy_flags(obj)
     if not isinstance(capabilities, Capabilities):
         got = (
             "declares no capabilities"
@@ -82,7 +64,7 @@ def check_registration(info: PluginInfo) -> PluginInfo:
         raise ContractError(
             f"{got}: declare what it can do with `capabilities = kgp.Capabilities(...)` on its class, e.g. "
             f"`{_EXAMPLE[kind]}` (fields: uses_centers, target, needs_grad, distributed, distributed_refusal, "
-            "partial_fit, loop_defaults)"
+            "partial_fit, loop_defaults, likelihood)"
         )
     method = _METHOD[kind].split("(")[0]
     if not callable(getattr(obj, method, None)):
@@ -92,7 +74,6 @@ def check_registration(info: PluginInfo) -> PluginInfo:
     check = getattr(obj, "check_options", None)
     if check is not None and not callable(check):
         raise ContractError(f"has a check_options that is not callable ({type(check).__name__})")
-    _mirror_legacy_flags(kind, obj, capabilities)
     return replace(info, capabilities=capabilities)
 
 
@@ -140,35 +121,3 @@ def _check_option_defaults(obj: Any) -> None:
                 f"declares option {name!r} with default {declaration.default!r}, which its own declaration "
                 f"rejects (it accepts {declaration.expected})"
             ) from None
-
-
-def _from_legacy_flags(obj: Any) -> Capabilities:
-    loop_defaults = getattr(obj, "loop_defaults", None) or {}
-    return Capabilities(
-        uses_centers=bool(getattr(obj, "uses_centers", False)),
-        needs_grad=bool(getattr(obj, "needs_grad", False)),
-        distributed=bool(getattr(obj, "supports_distributed", False)),
-        loop_defaults=dict(loop_defaults) if isinstance(loop_defaults, Mapping) else {},
-    )
-
-
-def _mirror_legacy_flags(kind: str, obj: Any, capabilities: Capabilities) -> None:
-    """Set the loose attributes the core still reads from ``capabilities`` (transitional, see the module)."""
-    if any(hasattr(obj, flag) for flag in _LEGACY_FLAGS):
-        return  # a built-in keeping its own legacy flags until the fit plan lands
-    flags: dict[str, Any] = {
-        "needs_grad": capabilities.needs_grad,
-        "supports_distributed": capabilities.distributed,
-        "distributed_refusal": capabilities.distributed_refusal,
-    }
-    if kind in ("solver", "objective"):
-        flags["uses_centers"] = capabilities.uses_centers
-    if kind == "solver":
-        flags["exact_posterior"] = capabilities.target == "exact"
-    if kind == "objective" and capabilities.loop_defaults and not hasattr(obj, "loop_defaults"):
-        flags["loop_defaults"] = dict(capabilities.loop_defaults)
-    for flag, value in flags.items():
-        try:
-            setattr(obj, flag, value)
-        except (AttributeError, TypeError):  # a frozen or slotted object: the core's getattr default applies
-            pass

@@ -26,10 +26,6 @@ class ExactSolver:
     option_defaults: dict[str, kgp.Option] = {}  # none: the oracle has nothing to tune
     # the exact GP posterior mean (and, in predict(return_std=True), its exact variance); one process only
     capabilities = kgp.Capabilities(target="exact")
-    # legacy flag: read by kgp/models until the fit plan lands
-    uses_centers = False
-    # legacy flag: read by kgp/models until the fit plan lands
-    exact_posterior = True
 
     def fit(self, problem: Problem) -> KernelExpansion:
         if problem.shard is not None and problem.shard.world_size > 1:

@@ -23,8 +23,6 @@ class UniformSelector:
     option_defaults: dict[str, kgp.Option] = {}  # none: the seed is the model's random_state
     # distributed: the same global row indices on every rank, one exact all-reduce of the centers
     capabilities = kgp.Capabilities(distributed=True)
-    # legacy flag: read by kgp/models until the fit plan lands
-    supports_distributed = True
 
     def select(self, request: SelectionRequest) -> Centers:
         n = request.n

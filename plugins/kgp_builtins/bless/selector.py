@@ -22,8 +22,6 @@ class _BlessFamilySelector:
 
     # every draw is over global row numbers (path.run_path): data-parallel
     capabilities = kgp.Capabilities(distributed=True)
-    # legacy flag: read by kgp/models until the fit plan lands
-    supports_distributed = True
 
     def __init__(self, name: str, run: Callable[..., BlessResult], options: dict[str, kgp.Option]):
         self.name = name

@@ -108,10 +108,6 @@ class DSGSolver:
     # approximates the exact posterior mean by random features (no variance); fit is data-parallel,
     # partial_fit is local (docs/scaling-out.md)
     capabilities = kgp.Capabilities(target="mean_only", distributed=True, partial_fit=True)
-    # legacy flag: read by kgp/models until the fit plan lands
-    uses_centers = False
-    # legacy flag: read by kgp/models until the fit plan lands
-    supports_distributed = True
 
     def check_options(self, options: dict[str, Any]) -> dict[str, Any]:
         """One spelling for "computed from the data": the former ``"auto"`` of t0 and gamma_max becomes None."""

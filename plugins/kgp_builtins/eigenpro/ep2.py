@@ -160,11 +160,7 @@ class EigenPro2Solver:
     # the exact posterior mean (an expansion over every training point); why a distributed fit refuses it
     # is quoted in the model's error (docs/scaling-out.md)
     capabilities = kgp.Capabilities(target="exact", distributed_refusal=_DISTRIBUTED_REFUSAL)
-    # legacy flag: read by kgp/models until the fit plan lands
-    uses_centers = False
     name = "eigenpro2"
-    # legacy flag: read by kgp/models until the fit plan lands
-    distributed_refusal = _DISTRIBUTED_REFUSAL
 
     def check_options(self, options: dict) -> dict:
         """The rules between options (:func:`.options.check_options`), run once by :func:`kgp.resolve_options`."""

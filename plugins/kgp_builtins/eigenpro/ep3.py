@@ -84,10 +84,6 @@ class EigenPro3Solver:
     option_defaults: dict[str, Option] = EIGENPRO3_DEFAULTS
     # the Nystrom estimator on the centers (regularization="ridge"); data-parallel over rows
     capabilities = kgp.Capabilities(uses_centers=True, target="nystrom", distributed=True)
-    # legacy flag: read by kgp/models until the fit plan lands
-    uses_centers = True
-    # legacy flag: read by kgp/models until the fit plan lands
-    supports_distributed = True
     name = "eigenpro"
 
     def check_options(self, options: dict) -> dict:

@@ -134,10 +134,6 @@ class FalkonSolver:
     # through the sharded operator, the M x M preconditioner is built on every rank (replicated) and
     # checked to be identical
     capabilities = kgp.Capabilities(uses_centers=True, target="nystrom", distributed=True)
-    # legacy flag: read by kgp/models until the fit plan lands
-    uses_centers = True
-    # legacy flag: read by kgp/models until the fit plan lands
-    supports_distributed = True
 
     # ------------------------------------------------------------------ checks
     @staticmethod

@@ -36,12 +36,10 @@ class ExactObjective:
             help="rows drawn at random for the likelihood (None: all, up to kgp.settings.max_exact_size)",
         ),
     }
-    # the value is -log p(y) (or a bound on it) per point and output: the loop compares it with the
-    # white-noise model's to tell an unconverged run
-    per_point_nll = True
-    uses_centers = False
-    # distributed: only with ``subset``, whose rows every rank gathers (it never holds all n rows)
-    supports_distributed = True
+    # likelihood: the value is -log p(y) per point and output (the loop compares it with the white-noise
+    # model's to tell an unconverged run); distributed only with ``subset``, whose rows every rank
+    # gathers (it never holds all n rows)
+    capabilities = kgp.Capabilities(likelihood=True, distributed=True)
 
     def prepare(self, problem: LearningProblem) -> Callable[[Tensor, Tensor], Tensor]:
         options = problem.options  # resolved once by the model (kgp.options.resolve_options)

@@ -79,13 +79,14 @@ class HoldoutObjective:
             "nlpd", ("nlpd", "mse"), help="held-out negative log predictive density, or mean squared error"
         ),
     }
-    uses_centers = True
     # measured on pol (M = 1,000, initial lengthscale sqrt(d)): 50 L-BFGS evaluations, then FALKON at
     # M = 2,000: test RMSE 0.0874 against 0.1096 for sgpr (docs/benchmarks/gp-hyperparameters.md, section 8).
     # The constant mean stays at the targets' mean: the held-out score barely identifies it (a kernel with a
     # long lengthscale absorbs a constant), and learned it drifted to -5.6 / -121 / -1.1 on data in +-1 (three
     # seeds, 300 rows, M = 40; test RMSE 0.164 against 0.029 with the mean kept; issue 23)
-    loop_defaults = {"optimizer": "lbfgs", "iterations": 50, "learn_mean": False}
+    capabilities = kgp.Capabilities(
+        uses_centers=True, loop_defaults={"optimizer": "lbfgs", "iterations": 50, "learn_mean": False}
+    )
 
     def prepare(self, problem: LearningProblem) -> Callable[[Tensor, Tensor], Tensor]:
         options = problem.options  # resolved once by the model (kgp.options.resolve_options)

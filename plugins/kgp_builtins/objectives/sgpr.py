@@ -57,11 +57,9 @@ class SGPRObjective:
             help="rows drawn afresh per evaluation (stochastic bound, for Adam at n >> 1e6); None: all rows",
         ),
     }
-    # the value is -log p(y) (or a bound on it) per point and output: the loop compares it with the
-    # white-noise model's to tell an unconverged run
-    per_point_nll = True
-    uses_centers = True
-    supports_distributed = True  # the four row sums are summed over the ranks (differentiable_sum)
+    # likelihood: the collapsed bound on -log p(y) per point and output; distributed: the four row sums
+    # are summed over the ranks (differentiable_sum)
+    capabilities = kgp.Capabilities(uses_centers=True, distributed=True, likelihood=True)
 
     def prepare(self, problem: LearningProblem) -> Callable[[Tensor, Tensor], Tensor]:
         options = problem.options  # resolved once by the model (kgp.options.resolve_options)
