@@ -7,6 +7,7 @@ back from the options a learning run actually used (``LearnResult.options``).
 from __future__ import annotations
 
 import gpytorch
+import numpy as np
 import pytest
 import torch
 
@@ -92,3 +93,28 @@ def test_holdout_defaults_to_the_measured_lbfgs_budget_and_sgpr_exact_keep_the_l
             LEARN_OPTIONS["optimizer"].default,
             LEARN_OPTIONS["iterations"].default,
         )
+
+
+def test_initial_noise_fraction_starts_the_noise_at_that_fraction_of_the_targets_variance():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(60, 2))
+    y = 3.0 * np.sin(X[:, 0]) + 0.2 * rng.normal(size=60)
+    options = {"initial_noise_fraction": 0.4, "learn_noise": False, "iterations": 3}
+    model = kgp.KernelRegressor("rbf", learn="exact", normalize_y=False, learn_options=options).fit(X, y)
+    assert model.noise_ == pytest.approx(0.4 * np.var(y, ddof=1), rel=1e-12)
+    # without it, the model's noise is the start
+    options.pop("initial_noise_fraction")
+    model = kgp.KernelRegressor("rbf", noise=0.05, learn="exact", normalize_y=False, learn_options=options).fit(X, y)
+    assert model.noise_ == pytest.approx(0.05, rel=1e-12)
+    # constant targets have no variance to take a fraction of: the model's noise again
+    options["initial_noise_fraction"] = 0.4
+    model = kgp.KernelRegressor("rbf", noise=0.05, learn="exact", normalize_y=False, learn_options=options)
+    assert model.fit(X, np.full(60, 2.0)).noise_ == pytest.approx(0.05, rel=1e-12)
+
+
+@pytest.mark.parametrize("bad", [0.0, -0.5, "high"])
+def test_initial_noise_fraction_is_validated(bad):
+    X = np.random.default_rng(0).normal(size=(20, 2))
+    model = kgp.KernelRegressor("rbf", learn="exact", learn_options={"initial_noise_fraction": bad})
+    with pytest.raises((InvalidOptionError, TypeError, ValueError), match="initial_noise_fraction"):
+        model.fit(X, X[:, 0])
