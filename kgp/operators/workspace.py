@@ -1,0 +1,224 @@
+"""Where :class:`~kgp.operators.KernelOperator` keeps its work: prepared inputs, reused block buffers, the
+stored ``K`` and the row blocks every product streams over (docs/backend.md).
+
+:class:`BlockWorkspace` is a mixin of the operator: it reads the operator's ``x1``, ``x2``, ``hypers``,
+``recipe``, ``distance_dtype`` and its cache dict ``_cache``, which travels with the operator when
+linear_operator rebuilds it (see :class:`~kgp.operators.KernelOperator`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor
+
+from .. import settings
+from .blocks import plan_block_rows, row_slices
+
+__all__ = ["BlockWorkspace"]
+
+# Block-sized temporaries alive at once in the differentiable path (kept by autograd per block).
+_GRAD_BUFFERS = 8
+
+
+def _signature(*tensors: Tensor) -> tuple:
+    """Identity of the tensors' current contents (storage, in-place version, layout)."""
+    return tuple((t.data_ptr(), _version(t), t.dtype, t.device, tuple(t.shape), t.stride()) for t in tensors)
+
+
+def _version(t: Tensor) -> int:
+    # inference-mode tensors have no version counter (and cannot be modified in place outside it)
+    return -1 if t.is_inference() else t._version
+
+
+class BlockWorkspace:
+    """Prepared inputs, buffers, the stored matrix and the row blocks of a kernel operator (a mixin)."""
+
+    def _fast(self) -> bool:
+        return self.recipe.family != "generic" and not self._needs_grad()
+
+    def _center(self) -> Tensor | None:
+        if not self.recipe.is_stationary:
+            return None
+        if "center" not in self._cache:
+            self._cache["center"] = self._in_distance_dtype(self.x2.detach()).mean(dim=0, keepdim=True)
+        return self._cache["center"]
+
+    def _in_distance_dtype(self, t: Tensor) -> Tensor:
+        return t if self.distance_dtype is None else t.to(self.distance_dtype)
+
+    def _distance_hypers(self) -> tuple[Tensor, ...]:
+        if self.distance_dtype is None:
+            return self.hypers
+        return tuple(h.detach().to(self.distance_dtype) for h in self.hypers)
+
+    def _cols(self) -> Tensor:
+        if "cols" not in self._cache:
+            with torch.no_grad():
+                x2 = self._in_distance_dtype(self.x2)
+                cols = self.recipe.prepare_cols(x2, self._distance_hypers(), self._center())
+                self._cache["cols"] = cols.contiguous()
+        return self._cache["cols"]
+
+    def _rows(self, rows: slice) -> Tensor:
+        # Augmented rows cost O(n d): keep them when they are small next to the budget.
+        full = self._cache.get("rows")
+        if full is not None:
+            return full[rows]
+        n, d = self.x1.shape
+        itemsize = self.x1.element_size() if self.distance_dtype is None else self.distance_dtype.itemsize
+        hypers = self._distance_hypers()
+        with torch.no_grad():
+            if (n * (d + 2) * itemsize) * 8 <= settings.memory_budget.value():
+                full = self.recipe.prepare_rows(self._in_distance_dtype(self.x1), hypers, self._center())
+                full = full.contiguous()
+                self._cache["rows"] = full
+                return full[rows]
+            return self.recipe.prepare_rows(self._in_distance_dtype(self.x1[rows]), hypers, self._center())
+
+    def _buffers_per_row(self, differentiable: bool = False) -> int:
+        if self.recipe.family == "generic":
+            # a generic forward may build b x m x d temporaries (e.g. PeriodicKernel's differences)
+            return 4 + self.x1.shape[1]
+        if differentiable:
+            return _GRAD_BUFFERS
+        extra = 0
+        if self.distance_dtype is not None:  # the exponent block in the wider dtype
+            extra = -(-self.distance_dtype.itemsize // self.x1.element_size())
+        return self.recipe.buffers_needed + extra
+
+    def block_rows(self, differentiable: bool = False) -> int:
+        """Rows per block under the current memory budget (and ``kgp.settings.block_rows``).
+
+        Parameters
+        ----------
+        differentiable:
+            Size blocks for the autograd path, which keeps several block-sized temporaries alive.
+        """
+        n, m = self.shape_nm
+        return plan_block_rows(n, m, self.x1.element_size(), self._buffers_per_row(differentiable))
+
+    def _buffers(self, rows: int) -> tuple[Tensor, Tensor | None]:
+        m = self.x2.shape[0]
+        key = ("buffers", rows, m, self.x1.dtype, self.x1.device)
+        if key not in self._cache:
+            # drop buffers of another block size first, so at most one set is alive
+            for k in [k for k in self._cache if isinstance(k, tuple) and k[0] == "buffers"]:
+                del self._cache[k]
+            main = torch.empty(rows, m, dtype=self.x1.dtype, device=self.x1.device)
+            spare = torch.empty_like(main) if self.recipe.buffers_needed > 1 else None
+            self._cache[key] = (main, spare)
+        return self._cache[key]
+
+    def _scratch(self, rows: int, k: int) -> Tensor:
+        """A reused ``rows x k`` buffer for the per-block inner product of :meth:`fused_matmul`."""
+        buf = self._cache.get("scratch")
+        if buf is None or buf.shape[0] < rows or buf.shape[1] != k or buf.dtype != self.x1.dtype:
+            buf = torch.empty(rows, k, dtype=self.x1.dtype, device=self.x1.device)
+            self._cache["scratch"] = buf
+        return buf
+
+    def _wide_buffer(self, name: str, rows: int, cols: int, dtype: torch.dtype) -> Tensor:
+        """A reused ``rows x cols`` buffer of another dtype (the exponent, or a block cast for accumulation)."""
+        buf = self._cache.get(name)
+        if buf is None or buf.shape[0] < rows or buf.shape[1] != cols or buf.dtype != dtype:
+            buf = torch.empty(rows, cols, dtype=dtype, device=self.x1.device)
+            self._cache[name] = buf
+        return buf[:rows]
+
+    def _stored(self) -> Tensor | None:
+        """The whole unscaled K(x1, x2) when ``kernel_cache="auto"`` allows it, else ``None``.
+
+        Stored from the operator's second product on (a single product, e.g. a prediction, never
+        pays for the n x M write), and only if the matrix plus one block of scratch fits
+        ``kgp.settings.memory_budget``. Products read it directly; :meth:`blocks` copies from it.
+        """
+        if "stored" in self._cache:
+            return self._cache["stored"]
+        if settings.kernel_cache.value() != "auto" or self.recipe.family == "generic":
+            return None
+        uses = self._cache.get("uses", 0) + 1
+        self._cache["uses"] = uses
+        if uses < 2:
+            return None
+        n, m = self.shape_nm
+        itemsize = self.x1.element_size()
+        spare_rows = self.block_rows() if self.recipe.buffers_needed > 1 else 0
+        if (n + spare_rows) * m * itemsize > settings.memory_budget.value():
+            return None
+        stored = torch.empty(n, m, dtype=self.x1.dtype, device=self.x1.device)
+        spare = torch.empty(spare_rows, m, dtype=stored.dtype, device=stored.device) if spare_rows else None
+        with torch.no_grad():
+            for rows in row_slices(0, n, max(1, spare_rows or self.block_rows())):
+                b = rows.stop - rows.start
+                self._fill(rows, stored[rows], None if spare is None else spare[:b])
+        self._cache["stored"] = stored
+        return stored
+
+    def _fill(self, rows: slice, out: Tensor, spare: Tensor | None) -> None:
+        exponent = None
+        if self.distance_dtype is not None:
+            exponent = self._wide_buffer("exponent", out.shape[0], out.shape[1], self.distance_dtype)
+        self.recipe.fill(self._rows(rows), self._cols(), out, spare, exponent=exponent)
+        if self.recipe.is_stationary and self._same_inputs():
+            # k(x, x) = 1 exactly; the augmented GEMM leaves ~sqrt(eps) there for Matern 1/2
+            out.diagonal(offset=rows.start).fill_(1.0)
+
+    def blocks(self, start: int = 0, stop: int | None = None) -> Iterator[tuple[slice, Tensor]]:
+        """Yield ``(row_slice, block)`` with the **unscaled** kernel block for rows of ``x1``.
+
+        The block is a view of a reused buffer: consume it before advancing the iterator (writing
+        into it is allowed). This is the separable unit of the backend (a sharded version hands
+        each rank its own range). Multiply by :meth:`outputscale` for the scaled kernel. No autograd.
+
+        Parameters
+        ----------
+        start, stop:
+            Row range of ``x1`` to cover (default: all rows).
+        """
+        n, _ = self.shape_nm
+        stop = n if stop is None else stop
+        if not 0 <= start <= stop <= n:
+            raise ValueError(f"blocks: expected 0 <= start <= stop <= {n}, got start={start}, stop={stop}")
+        yield from self._block_views(start, stop, copy=True)
+
+    def _block_views(self, start: int, stop: int, copy: bool) -> Iterator[tuple[slice, Tensor]]:
+        """Unscaled blocks; from the stored matrix when there is one (copied into the buffer if ``copy``)."""
+        key = (_signature(self.x1, self.x2, *self.hypers), self.distance_dtype)
+        if self._cache.get("key") != key:
+            # an input was modified in place: prepared inputs and stored K are stale
+            self._cache.clear()
+            self._cache["key"] = key
+        if self.recipe.family == "generic":
+            yield from self._generic_blocks(start, stop)
+            return
+        rows_per_block = self.block_rows()
+        stored = self._stored()
+        if stored is not None and not copy:
+            for rows in row_slices(start, stop, rows_per_block):
+                yield rows, stored[rows]
+            return
+        main, spare = self._buffers(rows_per_block)
+        with torch.no_grad():
+            for rows in row_slices(start, stop, rows_per_block):
+                b = rows.stop - rows.start
+                out = main[:b]
+                if stored is not None:
+                    # a copy, so that a caller writing into its block cannot corrupt the stored matrix
+                    out.copy_(stored[rows])
+                else:
+                    self._fill(rows, out, None if spare is None else spare[:b])
+                yield rows, out
+
+    def _generic_blocks(self, start: int, stop: int) -> Iterator[tuple[slice, Tensor]]:
+        scale = self._scale()
+        with torch.no_grad():
+            for rows in row_slices(start, stop, self.block_rows()):
+                block = self._dense_rows(rows)
+                yield rows, (block if scale is None else block.div_(scale))
+
+    def outputscale(self) -> Tensor | None:
+        """The ScaleKernel factor that :meth:`blocks` leaves out (``None`` if unscaled)."""
+        scale = self._scale()
+        return None if scale is None else scale.detach()
