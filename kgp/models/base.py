@@ -10,12 +10,10 @@ and read by :mod:`.persistence`.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import inspect
 import time
-import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import gpytorch
@@ -34,12 +32,22 @@ from ..monitor import IterationInfo, Monitor
 from ..plugin import Centers
 from ..registry import get_solver
 from ..validation import check_n_centers, resolve_dtype, to_tensor
+from .fit_support import (
+    _check_distributed_plugins,
+    _closing,
+    _in_target_units,
+    _kernel_kwargs,
+    _released_on_interrupt,
+    _same,
+    _short,
+)
+from .gp_quantities import GPQuantities
 from .sklearn_compat import SklearnProtocol, feature_names_of
 
 __all__ = ["BaseKernelModel"]
 
 
-class BaseKernelModel(SklearnProtocol):
+class BaseKernelModel(GPQuantities, SklearnProtocol):
     """Parameters and fitting logic shared by :class:`KernelRegressor` and :class:`KernelClassifier`.
 
     See :class:`kgp.KernelRegressor` for the parameters. Subclasses say how targets are encoded
@@ -322,48 +330,6 @@ class BaseKernelModel(SklearnProtocol):
         for name, value in targets.items():
             setattr(self, name, value)
 
-    # ------------------------------------------------------------------ GP quantities (views of the posterior)
-    @property
-    def noise_(self) -> float:
-        """The noise variance sigma^2 of the fit (learned with ``learn``), in the scaled target units."""
-        self._check_fitted()
-        return self.posterior_.noise
-
-    @property
-    def mean_(self) -> Tensor:
-        """The constant mean per output (learned with ``learn``, else 0), in the scaled target units."""
-        self._check_fitted()
-        return self.posterior_.offset
-
-    @mean_.setter
-    def mean_(self, value: Tensor) -> None:
-        self._check_fitted()
-        self.posterior_.offset = value
-
-    @property
-    def log_marginal_likelihood_value_(self) -> float | None:
-        """The log marginal likelihood at the learned hyperparameters, as scikit-learn's attribute of that name.
-
-        ``log p(y) = -1/2 r^T (K + sigma^2 I)^{-1} r - 1/2 log|K + sigma^2 I| - n/2 log(2 pi)`` (Rasmussen &
-        Williams 2006, eq. 2.30), summed over outputs, in the scaled target units (after ``normalize_y``,
-        as scikit-learn's), over the rows the objective used: all training rows for ``learn="exact"``
-        without ``subset``, the random subset otherwise (``learn_summary_['likelihood_terms']`` counts
-        rows x outputs); for ``learn="sgpr"`` the collapsed lower bound on it (Titsias 2009, eq. 9). With
-        priors on the kernel it includes their log densities. None when nothing was learned, when the
-        objective is no likelihood (``holdout``), or when ``refit_subset`` moved the point afterwards.
-        """
-        self._check_fitted()
-        summary = self.learn_summary_
-        return None if summary is None else summary.get("log_marginal_likelihood")
-
-    @property
-    def _y_train_mean(self) -> Tensor:
-        return self.posterior_.scaling.mean
-
-    @property
-    def _y_train_std(self) -> Tensor:
-        return self.posterior_.scaling.std
-
     # ------------------------------------------------------------------ prediction helpers
     def _check_fitted(self) -> None:
         if "posterior_" not in self.__dict__:
@@ -414,88 +380,3 @@ class BaseKernelModel(SklearnProtocol):
         if self.shard_ is not None and self.shard_["rank"] != 0:
             return
         save_model(self, path)
-
-
-def _check_distributed_plugins(plan: FitPlan) -> None:
-    """Refuse, before any work, plugins that do not declare the ``distributed`` capability."""
-    caps = plan.solver.capabilities
-    if not caps.distributed:
-        # a solver may say why it is not distributed and what to use instead (eigenpro2)
-        reason = caps.distributed_refusal
-        raise ValueError(
-            f"solver {plan.solver.name!r} does not support distributed fitting (distributed=True): "
-            + (
-                f"{reason}."
-                if reason
-                else "it does not declare Capabilities(distributed=True). Use solver='falkon', or fit on one process "
-                "holding all rows."
-            )
-        )
-    if plan.selector is not None and not plan.selector.capabilities.distributed:
-        raise ValueError(
-            f"centers={plan.selector.name!r} does not support distributed fitting (distributed=True): the "
-            "selector does not declare Capabilities(distributed=True). Use centers='uniform' or explicit centers."
-        )
-
-
-@contextlib.contextmanager
-def _released_on_interrupt(model: Any) -> Iterator[None]:
-    """On Ctrl-C or CUDA out-of-memory, drop the fit's tensors now and say what state is kept.
-
-    The traceback of an interrupted fit holds every frame below ``fit``, with the kernel blocks,
-    preconditioner and data copies in their locals; a notebook keeps that traceback
-    (``sys.last_traceback``) until the next error, so the memory would stay taken. Clearing the
-    finished frames keeps the traceback's file and line information and frees the tensors.
-    """
-    try:
-        yield
-    except (KeyboardInterrupt, torch.cuda.OutOfMemoryError) as exc:
-        traceback.clear_frames(exc.__traceback__)
-        state = "keeps its previous fitted state" if "posterior_" in model.__dict__ else "is left unfitted"
-        exc.add_note(
-            f"kgp: {type(model).__name__}.fit stopped ({type(exc).__name__}); the estimator {state}, and the "
-            "fit's tensors were released"
-        )
-        raise
-
-
-@contextlib.contextmanager
-def _closing(monitor: Monitor) -> Iterator[Monitor]:
-    """The model owns the monitor: its progress bar is closed however the fit ends."""
-    try:
-        yield monitor
-    finally:
-        monitor.close()
-
-
-def _in_target_units(metric: Callable[[Tensor, Tensor], float] | None, shift: dict[str, Tensor]) -> Callable:
-    """``metric`` applied to predictions mapped back from the solver's (centred, scaled) targets."""
-
-    def scored(pred: Tensor, target: Tensor) -> float:
-        out = pred.unsqueeze(-1) if pred.dim() == 1 else pred
-        out = out + shift["mean"]
-        if "y_train_std" in shift:
-            out = out * shift["y_train_std"] + shift["y_train_mean"]
-        if metric is not None:
-            return metric(out, target)
-        return float(((out.reshape(target.shape) - target) ** 2).mean())
-
-    return scored
-
-
-def _kernel_kwargs(kernel: gpytorch.kernels.Kernel) -> dict[str, Any]:
-    return {"nu": kernel.nu} if isinstance(kernel, gpytorch.kernels.MaternKernel) else {}
-
-
-def _same(value: Any, default: Any) -> bool:
-    if isinstance(value, (Tensor, np.ndarray, gpytorch.kernels.Kernel)):
-        return False
-    return type(value) is type(default) and value == default
-
-
-def _short(value: Any) -> str:
-    if isinstance(value, (Tensor, np.ndarray)):
-        return f"<array {tuple(value.shape)}>"
-    if isinstance(value, gpytorch.kernels.Kernel):
-        return type(value).__name__ + "()"
-    return repr(value)
