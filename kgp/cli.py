@@ -7,19 +7,18 @@ import os
 import re
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-from .cli_data import NamedColumns, align_features, read_data
-from .cli_parser import apply_threads, build_parser, output_problem
-from .io import atomic_write
+from .cli_data import NamedColumns, read_data
+from .cli_parser import apply_threads, build_parser, check_out
+from .cli_predict import cmd_predict
 
 __all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser(_cmd_fit, _cmd_predict, _cmd_demo, _cmd_plugins)
+    parser = build_parser(_cmd_fit, cmd_predict, _cmd_demo, _cmd_plugins)
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):
         parser.print_help()
@@ -204,13 +203,6 @@ def _fit_dtype(args, X: np.ndarray) -> str | None:
     return {np.dtype(np.float32): "float32", np.dtype(np.float64): "float64"}.get(np.asarray(X).dtype, "float64")
 
 
-def _check_out(path: str) -> None:
-    """Refuse an ``--out`` that cannot be written before any work (not after a fit of minutes)."""
-    problem = output_problem(path)
-    if problem:
-        raise ValueError(problem)
-
-
 def _save(model, args) -> None:
     try:
         model.save(args.out)  # atomic: an interrupted or failed save leaves the previous file as it was
@@ -220,7 +212,7 @@ def _save(model, args) -> None:
 
 
 def _cmd_fit(args) -> int:
-    _check_out(args.out)
+    check_out(args.out)
     if getattr(args, "distributed", False):
         return _cmd_fit_distributed(args)
     data = read_data(args.data, args.target, want_target=True, header=args.header)
@@ -236,115 +228,6 @@ def _cmd_fit(args) -> int:
         f"(target {data.target}; {features}); training {metric} {model.score(X, data.y):.4f}; saved to {args.out}"
     )
     return 0
-
-
-def _cmd_predict(args) -> int:
-    import kgp
-
-    if args.out:
-        _check_out(args.out)
-    # kgp.load moves tensors to the device without checking it: torch without CUDA raises a bare
-    # AssertionError for "cuda:0"; the estimators' own check names the device
-    from .fitting.plan import check_device
-
-    check_device(args.device)
-    if not Path(args.model).exists():
-        raise FileNotFoundError(f"--model: no such file {args.model}")
-    if Path(args.model).is_dir():
-        raise ValueError(f"--model: {args.model} is a directory; expected a model file written by `kgp fit`")
-    try:
-        model = kgp.load(args.model, device=args.device)
-    except (ValueError, TypeError, OSError, RuntimeError) as exc:
-        message = str(exc)
-        raise ValueError(message if message.startswith("--model") else f"--model: {message}") from None
-    data = read_data(args.data, args.target, want_target=args.target is not None, header=args.header)
-    data, note = align_features(data, getattr(model, "feature_names_in_", None), model.n_features_in_)
-    if note:
-        print(f"kgp predict: note: {note}", file=sys.stderr)
-    names = getattr(model, "feature_names_in_", None)
-    X = NamedColumns(data.X, list(names)) if names is not None else data.X
-    want_std = args.std or args.calibration_plot is not None
-    if want_std and hasattr(model, "classes_"):
-        raise ValueError("--std: a classifier gives class labels, not a predictive standard deviation")
-    if args.calibration_plot is not None and data.y is None:
-        raise ValueError("--calibration-plot: needs --target (the observed values to compare the intervals with)")
-    std = None
-    if want_std:
-        try:
-            pred, std = model.predict(X, return_std=True, include_noise=True)
-        except ValueError as exc:
-            raise ValueError(f"--std: {exc}") from None
-    else:
-        pred = model.predict(X)
-    if args.out:
-        table, header = _prediction_table(pred, std)
-        if Path(args.out).suffix == ".npy":  # the predictions as predict returns them; with --std, the table
-            array = np.asarray(pred) if std is None else table
-            write = lambda fh: np.save(fh, array)  # noqa: E731
-        else:
-            write = lambda fh: np.savetxt(  # noqa: E731
-                fh, table, delimiter=",", fmt="%s", header=",".join(header), comments=""
-            )
-        try:
-            atomic_write(args.out, write)
-        except OSError as exc:
-            raise OSError(f"--out: cannot write {args.out} ({exc.strerror or exc})") from None
-        args.written = args.out
-    summary = f"predicted {len(pred)} rows with solver {model.solver_name_}"
-    if data.y is not None:
-        metric = "accuracy" if hasattr(model, "classes_") else "R2"
-        summary += f"; scored against {data.target}: {metric} {model.score(X, data.y):.4f}"
-        if std is not None:
-            y = np.asarray(data.y, dtype=np.float64).reshape(np.shape(pred))
-            mean, sd = np.asarray(pred, dtype=np.float64), np.asarray(std, dtype=np.float64)
-            covered = float(np.mean(np.abs(y - mean) <= 1.959964 * sd))
-            nlpd = float(np.mean(0.5 * np.log(2 * np.pi * sd**2) + (y - mean) ** 2 / (2 * sd**2)))
-            summary += f", 95% interval coverage {covered:.1%}, NLPD {nlpd:.4f}"
-        if args.calibration_plot is not None:
-            _save_calibration_plot(args.calibration_plot, np.asarray(data.y), pred, std)
-            summary += f"; calibration plot saved to {args.calibration_plot}"
-    if data.ignored:
-        summary += f"; columns not used: {', '.join(data.ignored)}"
-    print(summary + (f"; written to {args.out}" if args.out else ""))
-    return 0
-
-
-def _prediction_table(pred, std) -> tuple[np.ndarray, list[str]]:
-    """The rows ``kgp predict --out`` writes and their column names."""
-    table = np.asarray(pred)
-    table = table.reshape(len(table), -1)
-    k = table.shape[1]
-    names = ["prediction"] if k == 1 else [f"prediction_{j}" for j in range(k)]
-    if table.dtype.kind not in "fc":  # class labels
-        return table, ["label"]
-    if std is not None:
-        std_table = np.asarray(std).reshape(len(table), -1)
-        table = np.concatenate([table, std_table], axis=1)
-        names += ["std"] if k == 1 else [f"std_{j}" for j in range(k)]
-    return table, names
-
-
-def _save_calibration_plot(path: str, y, mean, std) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ValueError("--calibration-plot: needs matplotlib (pip install 'kgp[plot]')") from None
-    from . import plot
-
-    ax = plot.calibration(
-        y=np.asarray(y, dtype=np.float64).reshape(-1),
-        mean=np.asarray(mean).reshape(-1),
-        std=np.asarray(std).reshape(-1),
-    )
-    try:
-        ax.figure.savefig(path, dpi=120, bbox_inches="tight")
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"--calibration-plot: cannot save {path} ({exc})") from None
-    finally:
-        plt.close(ax.figure)
 
 
 def _cmd_plugins(args) -> int:

@@ -243,3 +243,10 @@ def output_problem(path: str, flag: str = "--out") -> str | None:
     if not os.access(folder, os.W_OK):
         return f"{flag}: cannot write in the folder {folder} (permission denied)"
     return None
+
+
+def check_out(path: str) -> None:
+    """Refuse an ``--out`` that cannot be written before any work (not after a fit of minutes)."""
+    problem = output_problem(path)
+    if problem:
+        raise ValueError(problem)
