@@ -19,8 +19,9 @@ from ..fitting.plan import check_device
 from ..io import ModelFileError
 from .base import BaseKernelModel
 from .classifier import KernelClassifier
-from .persistence import check_contents, check_probe, model_from_state, upgrade
+from .persistence import check_contents, check_probe, model_from_state
 from .regressor import KernelRegressor
+from .upgrade import upgrade
 
 __all__ = ["ModelFileError", "load"]
 

@@ -33,7 +33,7 @@ from ..plugin import Centers
 from ..posterior import Posterior, PosteriorStateError
 from ..registry import UnknownPluginError, get_predictor_class, get_solver
 
-__all__ = ["check_contents", "model_from_state", "save_model", "upgrade"]
+__all__ = ["check_contents", "model_from_state", "save_model"]
 
 # constructor parameters stored in model files as plain values (the others are objects or derived)
 PLAIN_PARAMS = (
@@ -294,64 +294,6 @@ def check_probe(model: Any, state: dict[str, Any], path) -> None:
             f"{path}: inconsistent model file: the mean at the probe rows differs from the one recorded at save "
             "time (an entry of kernel_state or posterior was changed)"
         )
-
-
-# ---------------------------------------------------------------------- older files
-def upgrade(state: dict[str, Any]) -> dict[str, Any]:
-    """The version-3 layout of a file written by kgp before the Posterior (format versions 1 and 2).
-
-    Their ``fitted.gp`` held the noise, mean, target scaling and (once computed) the variance factors;
-    the predictor sat at the top level. The probe is recomputed from the file itself (those files
-    recorded none), so only the other checks apply to them.
-    """
-    state = dict(state)
-    fitted = dict(state.get("fitted") or {})
-    gp = dict(fitted.pop("gp", None) or {})
-    solver = state.get("solver")
-    exact_like = isinstance(solver, str) and _exact_target(solver)
-    variance: dict[str, Any] = {"kind": "exact" if exact_like else "nystrom"}
-    old = gp.get("variance")
-    predictor_state = state.pop("predictor_state", None)
-    if isinstance(old, dict):
-        variance["kind"] = old.get("kind")
-        variance["factors"] = old
-    if variance["kind"] == "nystrom":
-        centers = predictor_state.get("centers") if isinstance(predictor_state, dict) else None
-        variance["centers"] = old.get("points") if isinstance(old, dict) else centers
-    like = torch.zeros(1, dtype=torch.float64)
-    state["posterior"] = {
-        "version": 1,
-        "noise": gp.get("noise", (state.get("params") or {}).get("noise")),
-        "offset": _vector(gp.get("mean"), like, 0.0),
-        "y_mean": _vector(gp.get("y_train_mean"), like, 0.0),
-        "y_std": _vector(gp.get("y_train_std"), like, 1.0),
-        "predictor_kind": state.pop("predictor_kind", None),
-        "predictor": predictor_state,
-        "variance": variance,
-    }
-    fitted["learning"] = {"history": list(gp.get("learn_history", [])), "refit": gp.get("learn_refit")}
-    state["fitted"] = fitted
-    n_features = fitted.get("n_features_in")
-    points = predictor_state.get("centers") if isinstance(predictor_state, dict) else None
-    if torch.is_tensor(points) and points.dim() == 2 and points.shape[0] >= 2:
-        state["probe"] = {"X": points[:2].clone()}
-    elif isinstance(n_features, int) and 0 < n_features <= 1_000_000:
-        state["probe"] = {"X": torch.zeros(2, n_features, dtype=torch.float64)}
-    return state
-
-
-def _exact_target(solver: str) -> bool:
-    try:
-        plugin = get_solver(solver)
-    except UnknownPluginError:
-        return False
-    return plugin.capabilities.target == "exact"
-
-
-def _vector(value: Any, like: torch.Tensor, fill: float) -> torch.Tensor:
-    if value is None:
-        return torch.full_like(like, fill)
-    return torch.as_tensor(value).to(dtype=like.dtype).reshape(-1).clone()
 
 
 def _fail(path, where: str, what: str) -> ModelFileError:
