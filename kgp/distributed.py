@@ -26,6 +26,11 @@ within tens of milliseconds while waiting and raise :class:`RankFailedError` quo
 breaks the group's connections, which the waiting ranks report as :class:`DistributedError`. A rank
 that hangs makes the others raise after ``kgp.settings.distributed_timeout`` seconds. After any of
 these the process group cannot be used again (torch's rule after a failed collective): destroy it.
+
+Why one module of about 440 lines: the shard, its channel's timeouts and failure detection, the
+collectives and ``differentiable_sum`` share one failure model (a dead rank must surface as
+:class:`RankFailedError` from any of them), and splitting them would spread that contract over
+modules; the progress monitor of a distributed fit lives in :mod:`kgp.distributed_monitor`.
 """
 
 from __future__ import annotations
@@ -43,13 +48,11 @@ import torch.distributed as dist
 from torch import Tensor
 
 from . import settings
-from .monitor import Monitor
 
 __all__ = [
     "DistributedError",
     "RankFailedError",
     "Shard",
-    "ShardedMonitor",
     "is_initialized",
     "resolve_group",
     "shard_rows",
@@ -430,36 +433,10 @@ def _plain(v: float) -> str:
     return str(int(v)) if float(v).is_integer() else repr(v)
 
 
-class ShardedMonitor(Monitor):
-    """A :class:`kgp.Monitor` whose stop decision and validation metric are shared by all ranks.
+def __getattr__(name: str) -> Any:
+    # ShardedMonitor lives in kgp.distributed_monitor (it imports Shard from here); kept reachable here
+    if name == "ShardedMonitor":
+        from .distributed_monitor import ShardedMonitor
 
-    Stop: if one rank's callback stops, all stop. Without this a callback that stops on one rank
-    only (a time limit) would leave the other ranks waiting in the next pass. Costs one scalar
-    all-reduce per iteration.
-
-    Validation: each rank may hold its own validation rows (or none); the metric reported on every
-    rank is that of all ranks' validation rows together, ``sum_r n_r m_r / sum_r n_r`` with ``m_r``
-    the metric on rank r's ``n_r`` rows: exact for a metric that is a mean over rows (the built-in
-    mean squared error and error rate). One more all-reduce of two numbers per iteration.
-    """
-
-    def __init__(self, shard: Shard, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.shard = shard
-        # every rank must join the metric's all-reduce, ranks without validation rows included
-        self._validation_anywhere = shard.any(self.validation is not None)
-
-    @property
-    def wants_predictor(self) -> bool:
-        return self._validation_anywhere
-
-    def _validation_metric(self, predictor) -> float | None:
-        if not self._validation_anywhere:
-            return None
-        rows = 0 if self.validation is None or predictor is None else self.validation[0].shape[0]
-        local = super()._validation_metric(predictor) if rows else 0.0
-        weighted, total = self.shard.sum_floats(local * rows, rows)
-        return weighted / total if total else None
-
-    def step(self, iteration: int, predictor=None, **extras: Any) -> bool:
-        return self.shard.any(super().step(iteration, predictor, **extras))
+        return ShardedMonitor
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from .. import distributed as _dist
 from ..diagnostics import not_fitted
+from ..distributed_monitor import ShardedMonitor
 from ..fitting import RandomStreams, TrainingRows, resolve_plan, run
 from ..fitting.plan import DataShape, FitPlan, check_device, switches
 from ..fitting.rows import broadcast_seed, comm_for
@@ -215,7 +216,7 @@ class BaseKernelModel(GPQuantities, SklearnProtocol):
         if shard is None:
             monitor = Monitor(self.callback, progress, validation, metric)
         else:
-            monitor = _dist.ShardedMonitor(shard, self.callback, progress, validation, metric)
+            monitor = ShardedMonitor(shard, self.callback, progress, validation, metric)
         with _closing(monitor):
             result = run(plan, rows, scaling, kernel, streams, monitor, shift, input_scaling)
         self._set_fitted(
