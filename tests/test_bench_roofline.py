@@ -1,0 +1,54 @@
+"""benchmarks/bench_roofline.py at tiny sizes: every operation gets a row with a finite positive ratio."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_roofline.py"
+
+
+@pytest.fixture(scope="module")
+def roofline():
+    spec = importlib.util.spec_from_file_location("bench_roofline", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    # registered before it runs: dataclasses look their module up in sys.modules
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(spec.name, None)
+
+
+def test_quick_run_has_every_operation(roofline, tmp_path, capsys):
+    log = tmp_path / "runs.jsonl"
+    threads = torch.get_num_threads()
+    try:
+        # one thread: the test must not load a shared machine that may be running timings
+        result = roofline.main(["--quick", "--m", "64,128", "--n", "600", "--threads", "1", "--jsonl", str(log)])
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out
+    rows = result["rows"]
+    for dtype in ("float32", "float64"):
+        for m in (64, 128):
+            names = {r["operation"] for r in rows if r["dtype"] == dtype and r["M"] == m}
+            assert set(roofline.OPERATIONS) <= names, (dtype, m, set(roofline.OPERATIONS) - names)
+            for name in roofline.OPERATIONS:
+                assert f"| {name} | {m} |" in out
+    assert {r["operation"] for r in rows if r["dtype"] == "float32"} >= {roofline.STORED_WIDE}
+    for r in rows:
+        assert math.isfinite(r["ratio"]) and r["ratio"] > 0, r
+        assert r["seconds"] > 0 and r["bound_s"] > 0 and r["threads"] == 1
+    logged = [json.loads(line) for line in log.read_text().splitlines()]
+    assert logged == rows
+    assert "## float32 / float64 time ratio" in out
+    machine = result["machine"]
+    assert all(rate > 0 for rate in (*machine.gemm.values(), *machine.exp.values(), machine.dram, machine.cache_read))
