@@ -38,9 +38,12 @@ __all__ = [
 
 # Below this size a full eigvalsh is cheaper than iterating.
 _DENSE_EIGEN_SIZE = 64
-# Block of the blocked factorisations: GEMMs of (n x 1024) by (1024 x 1024) run at the machine's GEMM
-# rate, and the block temporaries (n x 1024) stay a small fraction of the n x n array.
-BLOCK = 1024
+# Block of the blocked factorisations: GEMMs of (n x 512) panels still run at the machine's GEMM rate,
+# and the diagonal blocks, multiplied whole (zeros included), waste less than at 1024: L^T L took
+# 0.105 / 1.29 / 5.58 s at n = 2,000 / 5,000 / 8,000 against 0.19 / 1.89 / 6.20 s at 1024, and the
+# Cholesky 0.104 / 1.75 / 5.91 against 0.137 / 1.68 / 6.07 s (one thread, float64, 2026-11-25;
+# benchmarks/bench_roofline.py). The block temporaries (n x 512) are a small fraction of n x n.
+BLOCK = 512
 
 
 def psd_cholesky(
