@@ -320,7 +320,9 @@ def test_bad_input_errors():
     ):
         kgp.KernelRegressor("rbf", learn="sgrp").fit(X, y)
     with pytest.raises(
-        ValueError, match=r"unknown option\(s\) \['iteration'\] for learn 'exact'; valid options: initial_noise_fraction, iterations, "
+        ValueError,
+        match=r"unknown option\(s\) \['iteration'\] for learn 'exact'; valid options: initial_noise_fraction, "
+        r"iterations, ",
     ):
         kgp.KernelRegressor("rbf", learn="exact", learn_options={"iteration": 5}).fit(X, y)
     for bad in (0.0, -1e-3):

@@ -327,7 +327,8 @@ def _target_variance(Y: Tensor, shard: Any) -> float:
         squares = (Yd - total / count).square().sum(dim=0)
         if shard is not None:
             squares = shard.all_reduce_(squares)
-        return float((squares / (count - 1).clamp_min(1)).mean())
+        # the population variance, as normalize_y's std (scikit-learn's): standardised targets give 1
+        return float((squares / count).mean())
 
 
 def _feature_scale(X: Tensor, shard: Any) -> Tensor:

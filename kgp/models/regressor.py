@@ -38,7 +38,8 @@ class KernelRegressor(BaseKernelModel):
         Lengthscale for a shortcut kernel (sigma of the papers' Gaussian kernel). Ignored when
         ``kernel`` is an object.
     noise:
-        GP observation-noise variance sigma^2 > 0 (default 1e-2).
+        GP observation-noise variance sigma^2 > 0 (default 1e-2); with a named ``learn`` objective, the
+        noise learning starts from (``learn="auto"`` starts from 0.7 of the targets' variance instead).
     solver:
         Solver plugin name (``kgp plugins`` lists them), or ``"auto"`` (default): the exact solve while the
         dense n x n matrix fits ``kgp.settings.memory_budget`` and ``max_exact_size``, else FALKON on as many
@@ -66,7 +67,8 @@ class KernelRegressor(BaseKernelModel):
         None (default: the hyperparameters given are used as they are), an objective plugin name
         (``"exact"``, ``"sgpr"``, ``"holdout"``; ``kgp plugins``), or ``"auto"``: **the recommended GP** --
         the exact marginal likelihood on min(n, 3,000) random rows by 100 Adam steps (up to 300 while it
-        still falls), then the solve of
+        still falls) from a noise of 0.7 times the targets' variance (``learn_options``
+        ``initial_noise_fraction``; ``noise`` is the start for a named objective), then the solve of
         ``solver`` (measured against the exact GP and GPyTorch's SGPR in docs/benchmarks/gp-default.md).
         Learns the kernel's hyperparameters, the noise variance and a constant mean; the best point
         evaluated is kept, and a :class:`kgp.ConvergenceWarning` says when learning failed, went astray or
