@@ -251,3 +251,27 @@ def test_objective_problem_prepares_what_the_model_would():
     assert problem.centers.points.shape == (5, 3) and problem.options == {"batch_rows": None}
     assert all(p.requires_grad for p in problem.kernel.parameters())
     assert objective_problem("exact", data).centers is None  # only for objectives declaring uses_centers
+
+
+class _LikelihoodWithoutTerms(Broken):
+    """Declares a likelihood but does not say how many terms its value averages."""
+
+    capabilities = kgp.Capabilities(likelihood=True)
+
+
+class _LikelihoodWithTerms(_LikelihoodWithoutTerms):
+    def prepare(self, problem):
+        loss = super().prepare(problem)
+        loss.terms = problem.y.numel()
+        return loss
+
+
+def test_the_kit_asks_a_likelihood_objective_for_its_terms():
+    """-value * loss.terms is log_marginal_likelihood_value_: a likelihood objective must carry it."""
+    kgp.register(_Plugin(bare=_LikelihoodWithoutTerms(None), counted=_LikelihoodWithTerms(None)), name="lik")
+    try:
+        with pytest.raises(AssertionError, match=r"must carry loss.terms.*got None"):
+            OBJECTIVE_CHECKS["protocol"]("bare")
+        OBJECTIVE_CHECKS["protocol"]("counted")
+    finally:
+        kgp.unregister("lik")

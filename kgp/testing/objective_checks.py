@@ -65,8 +65,17 @@ def check_objective_protocol(
     for dtype in (torch.float64, torch.float32):
         problem = objective_problem(name, data, objective_options, dtype=dtype)
         X, y = problem.X.clone(), problem.y.clone()
-        value, noise, mean = evaluate_loss(prepare_loss(name, problem), problem, *LOSS_POINTS[1][2:], grad=True)
+        loss = prepare_loss(name, problem)
+        value, noise, mean = evaluate_loss(loss, problem, *LOSS_POINTS[1][2:], grad=True)
         what = f"objective {name!r} ({str(dtype).replace('torch.', '')})"
+        if info.capabilities.likelihood:
+            # -value * terms is reported as the model's log_marginal_likelihood_value_
+            terms, most = getattr(loss, "terms", None), problem.n * problem.y.shape[1]
+            if isinstance(terms, bool) or not isinstance(terms, int) or not 1 <= terms <= most:
+                raise AssertionError(
+                    f"{what}: declares Capabilities(likelihood=True), so the loss prepare returns must carry "
+                    f"loss.terms, the number of (row, output) terms its value averages (1 to {most}), got {terms!r}"
+                )
         if not isinstance(value, Tensor) or value.dim() != 0 or value.dtype != dtype:
             got = f"{value.dtype} of shape {tuple(value.shape)}" if isinstance(value, Tensor) else type(value).__name__
             raise AssertionError(f"{what}: loss(noise, mean) must return a 0-d {dtype} tensor, got {got}")
