@@ -431,12 +431,3 @@ def shard_rows(channel: _Channel, n_local: int, **agree: float) -> Shard:
 
 def _plain(v: float) -> str:
     return str(int(v)) if float(v).is_integer() else repr(v)
-
-
-def __getattr__(name: str) -> Any:
-    # ShardedMonitor lives in kgp.distributed_monitor (it imports Shard from here); kept reachable here
-    if name == "ShardedMonitor":
-        from .distributed_monitor import ShardedMonitor
-
-        return ShardedMonitor
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
