@@ -34,8 +34,9 @@ import gpytorch
 import torch
 from torch import Tensor
 
+from .io import to_device
 from .operators import kernel_operator
-from .posterior_checks import PosteriorStateError, _Checker, _cpu, _factors_from_state, _to
+from .posterior_checks import PosteriorStateError, _Checker, _cpu, _factors_from_state
 from .variance import VarianceFactors, exact_factors, latent_variance, nystrom_factors
 
 __all__ = ["POSTERIOR_VERSION", "VARIANCE_KINDS", "Posterior", "PosteriorStateError", "Scaling", "TargetScaling"]
@@ -317,7 +318,7 @@ class Posterior:
         if kind not in VARIANCE_KINDS:
             raise PosteriorStateError(f"posterior.variance.kind: expected one of {VARIANCE_KINDS}, got {kind!r}")
         predictor_state = check.mapping(state.get("predictor"), "predictor")
-        predictor = predictor_cls.from_state(_to(predictor_state, device, dtype), kernel)
+        predictor = predictor_cls.from_state(to_device(dict(predictor_state), device, dtype), kernel)
         centers = factors = train_X = None
         reason = ""
         if kind == "nystrom":

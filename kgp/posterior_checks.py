@@ -95,13 +95,3 @@ class _Checker:
 
 def _cpu(t: Tensor | None) -> Tensor | None:
     return None if t is None else t.detach().cpu()
-
-
-def _to(value: Any, device: torch.device, dtype: torch.dtype) -> Any:
-    if torch.is_tensor(value):
-        return value.to(device=device, dtype=dtype) if value.is_floating_point() else value.to(device)
-    if isinstance(value, Mapping):
-        return {k: _to(v, device, dtype) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_to(v, device, dtype) for v in value)
-    return value
