@@ -621,3 +621,39 @@ def test_cuda_matches_cpu():
     gpu = fit(X.cuda(), y.cuda(), X[:100].cuda(), 0.1, kernel=rbf(1.0).cuda(), maxiter=30, tol=0.0)
     assert gpu.alpha.device.type == "cuda"
     assert rel(gpu.alpha.cpu(), cpu.alpha) < 1e-8
+
+
+@pytest.mark.parametrize(
+    "factorization, weighted, duplicate",
+    [("cholesky", False, False), ("cholesky", True, False), ("pivoted", True, True), ("eigh", False, True)],
+)
+def test_shared_solves_give_the_dense_normal_operator(factorization, weighted, duplicate):
+    # CG's W' u from forward/normal (four triangular solves) against the dense matrices of Def. 3/4:
+    # W' u = B'^T kv + lambda B'^T K_MM B' u, with B' = D Q T^{-1} A^{-1} built column by column
+    from kgp_builtins.falkon.preconditioner import build_preconditioner
+
+    g = torch.Generator().manual_seed(7)
+    X = torch.randn(400, 3, generator=g, dtype=F64)
+    Z = X[:60].clone()
+    if duplicate:
+        Z[10] = Z[3]
+    weights = torch.rand(60, generator=g, dtype=F64) + 0.5 if weighted else None
+    kernel = rbf(1.0)
+    problem = Problem(
+        X=X, y=torch.zeros(400, 1, dtype=F64), kernel=kernel, noise=0.05, centers=kgp.Centers(Z, weights=weights)
+    )
+    prec = build_preconditioner(
+        problem, weights, factorization=factorization, precond_dtype="float64", jitter=1e-3, rcond=None
+    )
+    q = prec.rank
+    u = torch.randn(q, 2, generator=g, dtype=F64)
+    kv = torch.randn(60, 2, generator=g, dtype=F64)
+    v, solves = prec.forward(u)
+    B = prec.apply(torch.eye(q, dtype=F64))
+    Kmm = dense(kernel, Z, Z)
+    expected = B.mT @ kv + problem.lam * (B.mT @ Kmm @ B @ u)
+    # B' amplifies by at most 1 / sqrt(min eigenvalue of D K_MM D + jitter), ~1e3 here: the rounding of
+    # a few solves of a 60 x 60 system, each about 60 eps relative, times that amplification
+    assert rel(v, B @ u) < 1e-12
+    assert rel(prec.normal(kv, solves), expected) < 1e-9
+    assert rel(prec.normal(kv, solves), prec.apply_t(kv) + prec.regulariser(u)) < 1e-12
