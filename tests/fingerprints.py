@@ -149,6 +149,31 @@ CASES: dict[str, tuple[dict, bool, dict]] = {
         True,
         {},
     ),
+    # the loop's other branches (added before issue 24 item 7 moved the noise and mean onto GPyTorch's
+    # GaussianLikelihood and ConstantMean): L-BFGS flattens the trained tensors in order, two outputs
+    "learn_lbfgs_multi": (
+        dict(
+            solver="exact",
+            learn="exact",
+            normalize_y=False,
+            random_state=14,
+            learn_options={"iterations": 25, "optimizer": "lbfgs"},
+        ),
+        True,
+        {"outputs": 2},
+    ),
+    "learn_lbfgs_fixed_noise_mean": (
+        dict(
+            solver="exact",
+            learn="exact",
+            noise=0.05,
+            random_state=15,
+            learn_options={"iterations": 20, "optimizer": "lbfgs", "learn_noise": False, "learn_mean": False},
+        ),
+        True,
+        {},
+    ),
+    "learn_auto": (dict(learn="auto", random_state=16), True, {}),
 }
 
 
@@ -158,6 +183,9 @@ SENSITIVE = frozenset(
         "falkon_bless_r",
         "learn_exact",
         "learn_exact_gp_defaults",
+        "learn_lbfgs_multi",
+        "learn_lbfgs_fixed_noise_mean",
+        "learn_auto",
         "learn_exact_subset_refit",
         "learn_sgpr",
         "learn_holdout",

@@ -2,7 +2,10 @@
 
 The record (``tests/data/fingerprints.npz``) was written by ``python tests/fingerprints.py --record``
 from main at 29b82cd, before the plan / stages / Posterior change; see that module for the cases and
-for how a deliberate numerical change re-records the entries it moves.
+for how a deliberate numerical change re-records the entries it moves. The cases ``learn_lbfgs_multi``,
+``learn_lbfgs_fixed_noise_mean`` and ``learn_auto`` were added from main at 879736e, before the learning
+loop moved onto GPyTorch's ``GaussianLikelihood`` and ``ConstantMean`` (issue 24 item 7), on an AVX512
+host with one thread (the file's ``__host__`` entry, that of the first record, was kept).
 
 Tolerance, relative to the largest value of each array, in float64:
 

@@ -4,13 +4,15 @@ The loop trains, with ``torch.optim``:
 
 - every trainable GPyTorch parameter of the kernel, in GPyTorch's *raw* parametrisation, so the
   kernel's own constraints (positive lengthscales, outputscale, ...) hold at every step;
-- the noise variance through a raw parameter under ``gpytorch.constraints.GreaterThan(min_noise)``
-  (softplus, as GPyTorch's ``GaussianLikelihood``);
-- a constant mean per output (GPyTorch's ``ConstantMean``).
+- the noise variance of a GPyTorch ``GaussianLikelihood`` under ``GreaterThan(min_noise)`` (its
+  softplus raw parameter);
+- a constant mean per output: a GPyTorch ``ConstantMean`` with one constant per output
+  (``batch_shape=(k,)``).
 
-The minimised value is the objective per data point minus the kernel's GPyTorch prior log-densities
-divided by n, which is GPyTorch's ``ExactMarginalLogLikelihood`` convention (its value is
-``(log p(y) + log priors) / n``) with the sign flipped.
+The minimised value is the objective per data point minus the GPyTorch prior log-densities of the
+kernel, the likelihood (``learn_options['noise_prior']``) and the mean, divided by n, which is GPyTorch's
+``ExactMarginalLogLikelihood`` convention (its value is ``(log p(y) + log priors) / n``) with the sign
+flipped. The priors are read through ``named_priors()`` of one module holding the three parts.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from ..registry import get_objective
 from .bounds import LengthscaleFloors
 from .loop_options import LEARN_OPTIONS, split_learn_options
 from .outcome import BestPoint, report_learning, still_falling, white_noise_nll
+from .parts import LearnedParts
 from .problem import LearningProblem
 from .refit import refit_scale_and_noise
 
@@ -171,13 +174,10 @@ def learn_hyperparameters(
         raise ValueError(
             f"noise: the initial noise variance {noise!r} must be above learn_options['min_noise']={min_noise!r}"
         )
-    dtype, device = X.dtype, X.device
-    constraint = gpytorch.constraints.GreaterThan(min_noise).to(device=device)
-    raw_noise = constraint.inverse_transform(torch.tensor(float(noise), dtype=dtype, device=device)).clone()
-    raw_noise.requires_grad_(loop["learn_noise"])
-    mean_t = torch.as_tensor(mean, dtype=dtype, device=device).reshape(-1).expand(Y.shape[1]).clone()
-    mean_t.requires_grad_(loop["learn_mean"])
-    trained = params + [t for t in (raw_noise, mean_t) if t.requires_grad]
+    parts = LearnedParts(kernel, noise, mean, Y.shape[1], loop, X.dtype, X.device)
+    likelihood, mean_module = parts.likelihood, parts.mean_module
+    # L-BFGS flattens its parameters in this order: the kernel's, the noise, the mean
+    trained = params + [p for p in (likelihood.raw_noise, mean_module.raw_constant) if p.requires_grad]
 
     problem = LearningProblem(
         X=X,
@@ -198,8 +198,8 @@ def learn_hyperparameters(
         terms = getattr(loss_fn, "terms", None) if caps.likelihood else None
 
         def total() -> Tensor:
-            value = loss_fn(constraint.transform(raw_noise), mean_t)
-            for _, module, prior, closure, _ in kernel.named_priors():
+            value = loss_fn(parts.noise(), mean_module.constant)
+            for _, module, prior, closure, _ in parts.named_priors():
                 value = value - prior.log_prob(closure(module)).sum() / n
             return value
 
@@ -218,16 +218,16 @@ def learn_hyperparameters(
             except NotPSDError as exc:
                 # an optimizer trial point (L-BFGS line searches reach far) where a factorization failed:
                 # name the step and the values, as for a non-finite objective
-                noise_now = float(constraint.transform(raw_noise).detach())
+                noise_now = float(parts.noise().detach())
                 raise NotPSDError(
                     f"learn {objective!r}: step {step} failed: {exc}. Hyperparameters at that step: "
-                    f"{_state(kernel, noise_now, mean_t)}. Remedy: learn_options={{'optimizer': 'adam'}} (bounded "
-                    "steps), a smaller 'lr', or a larger 'min_noise'"
+                    f"{_state(kernel, noise_now, mean_module.constant)}. Remedy: "
+                    "learn_options={'optimizer': 'adam'} (bounded steps), a smaller 'lr', or a larger 'min_noise'"
                 ) from exc
-            _check_finite(value, objective, step, kernel, constraint.transform(raw_noise), mean_t)
+            _check_finite(value, objective, step, kernel, parts.noise(), mean_module.constant)
             value.backward()
             history.append(float(value.detach()))
-            noise_now = float(constraint.transform(raw_noise).detach())
+            noise_now = float(parts.noise().detach())
             if monitor.step(step, None, stage="learn", objective=history[-1], noise=noise_now):
                 raise _Stop
             return value
@@ -283,11 +283,12 @@ def learn_hyperparameters(
     report_learning(objective, stopped, best, history, max(iterations, len(history)), lr, white_noise)
     if not all(bool(torch.isfinite(t).all()) for t in trained):
         _check_finite(
-            torch.tensor(float("nan")), objective, len(history) + 1, kernel, constraint.transform(raw_noise), mean_t
+            torch.tensor(float("nan")), objective, len(history) + 1, kernel, parts.noise(), mean_module.constant
         )
     for p in params:
         p.grad = None
-    learned_noise = float(constraint.transform(raw_noise).detach())
+    learned_noise = float(parts.noise().detach())
+    learned_mean = mean_module.constant.detach().clone()
     refit = None
     if loop["refit_subset"] is not None:
         learned_noise, result = refit_scale_and_noise(
@@ -295,7 +296,7 @@ def learn_hyperparameters(
             Y,
             kernel,
             noise=learned_noise,
-            mean=mean_t.detach(),
+            mean=learned_mean,
             rows=loop["refit_subset"],
             min_noise=min_noise,
             learn_noise=loop["learn_noise"],
@@ -305,7 +306,7 @@ def learn_hyperparameters(
     return LearnResult(
         kernel=kernel,
         noise=learned_noise,
-        mean=mean_t.detach().clone(),
+        mean=learned_mean,
         history=history,
         options={**loop, **obj_options},
         refit=refit,

@@ -10,9 +10,18 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import gpytorch
+
 from ..options import Option, ResolvedOptions, merge_options
 
 __all__ = ["LEARN_OPTIONS", "loop_declarations", "split_learn_options"]
+
+
+def _prior_or_none(value: Any) -> gpytorch.priors.Prior | None:
+    if value is not None and not isinstance(value, gpytorch.priors.Prior):
+        raise TypeError("not a gpytorch.priors.Prior")
+    return value
+
 
 LEARN_OPTIONS: dict[str, Option] = {
     "iterations": Option.integer(
@@ -50,6 +59,13 @@ LEARN_OPTIONS: dict[str, Option] = {
     ),
     "learn_noise": Option.boolean(True, help="train the noise variance (False: keep the model's noise)"),
     "learn_mean": Option.boolean(True, help="train a constant mean per output (False: keep the initial mean)"),
+    "noise_prior": Option(
+        None,
+        help="a GPyTorch prior on the noise variance sigma^2 (the likelihood's noise_prior): its log-density / n "
+        "is subtracted from the minimised value, as the kernel's priors are; None: no prior",
+        expected="a gpytorch.priors.Prior on the noise variance (e.g. gpytorch.priors.GammaPrior(1.1, 0.05)) or None",
+        check=_prior_or_none,
+    ),
     "refit_subset": Option.integer(
         None,
         minimum=2,
@@ -81,6 +97,12 @@ def split_learn_options(name: str, objective: Any, given: dict[str, Any] | None)
         raise TypeError(f"objective {name!r} declares options {clash} that the learning loop owns; rename them")
     merged = merge_options(f"learn {name!r}", {**loop_declarations(name, objective), **own}, given)
     loop = {k: merged[k] for k in LEARN_OPTIONS}
+    if loop["noise_prior"] is not None and not loop["learn_noise"]:
+        # a prior on a fixed noise moves nothing but the reported value: most likely a forgotten switch
+        raise ValueError(
+            f"learn {name!r}: learn_options['noise_prior'] is a prior on the learned noise, but "
+            "learn_options['learn_noise'] is False (the noise is kept fixed); drop noise_prior or set learn_noise=True"
+        )
     own_values = {k: v for k, v in merged.items() if k not in LEARN_OPTIONS}
     # the objective reads them as they are (validated here, once)
     return loop, ResolvedOptions(f"objective {name!r}", own_values)

@@ -57,6 +57,7 @@ _MAX_SPEC_DEPTH = 32  # kernels nest a few levels (Scale(Product(...))); deeper 
 def save_model(model: Any, path) -> None:
     """Write the fitted ``model`` to ``path`` (format version 3, see the module docstring)."""
     params = {name: getattr(model, name) for name in PLAIN_PARAMS}
+    params["learn_options"] = _plain_learn_options(model.learn_options)
     params["kernel"] = model.kernel if isinstance(model.kernel, str) else None
     params["centers"] = model.centers if isinstance(model.centers, str) else None
     params["dtype"] = str(model.dtype_).replace("torch.", "")
@@ -89,6 +90,19 @@ def save_model(model: Any, path) -> None:
         },
         path,
     )
+
+
+def _plain_learn_options(options: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """``learn_options`` without ``noise_prior``: a GPyTorch prior is a Python object, not plain data.
+
+    Like the priors of a kernel object (the kernel spec records none), it shapes only the learning,
+    not the fitted posterior: the loaded model predicts the same; a refit of it learns without the
+    prior unless it is given again (docs/gp-workflow.md).
+    """
+    if options is None or options.get("noise_prior") is None:
+        return options
+    plain = {k: v for k, v in options.items() if k != "noise_prior"}
+    return plain or None
 
 
 def _probe_rows(model: Any) -> torch.Tensor:
