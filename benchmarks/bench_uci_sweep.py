@@ -73,9 +73,16 @@ def describe(extras: dict) -> str:
     return " ".join(parts)
 
 
-def run_one(split: uci.Split, hyper: dict, solver: str, dtype: torch.dtype, centers: np.ndarray | None) -> dict:
+def run_one(
+    split: uci.Split,
+    hyper: dict,
+    solver: str,
+    dtype: torch.dtype,
+    centers: np.ndarray | None,
+    solver_options: dict | None = None,
+) -> dict:
     kernel = uci.make_kernel(hyper, dtype)
-    params = dict(noise=hyper["noise"], solver=solver, random_state=0, dtype=dtype)
+    params = dict(noise=hyper["noise"], solver=solver, random_state=0, dtype=dtype, solver_options=solver_options)
     if solver in ("falkon", "eigenpro"):
         params["centers"] = centers
     model = kgp.KernelRegressor(kernel, **params)
@@ -101,7 +108,7 @@ def run_one(split: uci.Split, hyper: dict, solver: str, dtype: torch.dtype, cent
     }
 
 
-def sweep(sets, solvers, dtypes, hypers: dict) -> list[dict]:
+def sweep(sets, solvers, dtypes, hypers: dict, solver_options: dict | None = None) -> list[dict]:
     rows = []
     for name in sets:
         split = uci.load_split(name)
@@ -116,7 +123,7 @@ def sweep(sets, solvers, dtypes, hypers: dict) -> list[dict]:
                 row = {"set": name, "n": split.n_train, "d": split.d, "M": m, "solver": solver, "dtype": dname}
                 try:
                     with kgp.settings.max_exact_size(EXACT_MAX):
-                        row.update(run_one(split, hyper, solver, DTYPES[dname], centers))
+                        row.update(run_one(split, hyper, solver, DTYPES[dname], centers, solver_options))
                 except Exception as exc:  # a failure is a result of the sweep, not the end of it
                     row.update(rmse=float("nan"), fit_s=float("nan"), steps=0, reported=f"{type(exc).__name__}: {exc}")
                     traceback.print_exc()
@@ -174,6 +181,12 @@ def main() -> None:
     ap.add_argument("--dtypes", default="float32,float64")
     ap.add_argument("--json", help="also write the rows here")
     ap.add_argument(
+        "--solver-options",
+        type=json.loads,
+        default=None,
+        help='JSON object passed as solver_options to every fit, e.g. \'{"precond_dtype": "input"}\' (one solver)',
+    )
+    ap.add_argument(
         "--combine",
         nargs="+",
         metavar="JSON",
@@ -207,7 +220,7 @@ def main() -> None:
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
     )
     print(header)
-    rows = sweep(sets, args.solvers.split(","), args.dtypes.split(","), hypers)
+    rows = sweep(sets, args.solvers.split(","), args.dtypes.split(","), hypers, args.solver_options)
     text = table(rows)
     print(text)
     if args.json:
