@@ -12,7 +12,7 @@ moves, and its commit says which and why::
 The problems are small and well conditioned (noise >= 0.05, lengthscales of the data's scale, few
 Adam steps, FALKON run to convergence). Direct solves then agree to about 1e-13 across BLAS code paths
 (MKL_CBWR=COMPATIBLE / AVX2 / SSE4_2, one or two threads). Cases that end at an argmin or a random
-decision do not: a golden-section minimum is determined only to about sqrt(eps) of its flat objective
+decision do not: a one-dimensional minimum is determined only to about sqrt(eps) of its flat objective
 (the refit), and a rejection-sampling draw (BLESS-R) may flip when a score moves in its last digit;
 measured across those code paths: up to 2.4e-5 relative. :data:`SENSITIVE` names them.
 """

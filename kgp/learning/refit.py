@@ -13,6 +13,18 @@ function of the outputscale ``c`` and the noise ``sigma^2`` only, is cheap after
 with ``r = U^T (y - mean)``. Writing ``sigma^2 = c tau``, the optimal ``c`` for a given ``tau`` is
 ``sum_i r_i^2 / (lam_i + tau) / s`` (zero derivative in c), so a one-dimensional search over
 ``log tau`` finds the joint optimum. O(s^3) once, O(s) per trial value.
+
+The one-dimensional search (:func:`_minimise`) is the best of a coarse grid of 25 values, refined by
+``scipy.optimize.minimize_scalar(method="bounded")`` (Brent's method) between the grid's neighbours of
+that point. Measured (2,000 rows of pol and elevators, 6,000-row z-scored samples, after ``sgpr`` with
+M = 100 and 30 Adam steps; each of the three searches: outputscale and noise, outputscale at a fixed
+noise, noise alone), against the earlier grid of 241 values refined by 80 golden-section steps and a
+reference of a 20,001-value grid so refined: the same minimum value on every search (both within
+3.3e-16 of the reference, per point: rounding), the outputscale and noise within 6.2e-8 of the
+reference's (3.2e-8 before), where the objective moves by less than its rounding (Brent stops at
+sqrt(eps) |x|, as any search of a smooth minimum must); 35-40 evaluations instead of 323. The grid is
+insurance against a second local minimum: the profiled objective had one on pol, elevators, bike,
+kin40k and protein (M = 20 and 100; 4,001-value scans), where Brent alone found it in 11-20 evaluations.
 """
 
 from __future__ import annotations
@@ -20,10 +32,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import gpytorch
 import torch
+from scipy.optimize import minimize_scalar
 from torch import Tensor
 
 from ..operators import kernel_operator
@@ -31,8 +45,7 @@ from ..variance import check_dense_size
 
 __all__ = ["RefitResult", "refit_scale_and_noise"]
 
-_GRID = 241  # trial values of the searched log variable, then a golden-section refinement
-_GOLDEN_STEPS = 80
+_GRID = 25  # trial values of the searched log variable, then Brent's method between a point's neighbours
 
 
 @dataclass
@@ -167,27 +180,17 @@ def refit_scale_and_noise(
     return float(s1), result
 
 
-def _minimise(f, lo: float, hi: float) -> float:
-    """Minimum of ``f`` on ``[lo, hi]``: the best of a uniform grid, refined by golden section around it."""
+def _minimise(f: Callable[[float], float], lo: float, hi: float) -> float:
+    """Minimum of ``f`` on ``[lo, hi]``: the best of a uniform grid, refined by Brent's method around it."""
     step = (hi - lo) / (_GRID - 1)
     grid = [lo + i * step for i in range(_GRID)]
     values = [f(x) for x in grid]
     i = min(range(_GRID), key=values.__getitem__)
     a, b = grid[max(i - 1, 0)], grid[min(i + 1, _GRID - 1)]
-    ratio = (math.sqrt(5) - 1) / 2
-    x1, x2 = b - ratio * (b - a), a + ratio * (b - a)
-    f1, f2 = f(x1), f(x2)
-    for _ in range(_GOLDEN_STEPS):
-        if f1 <= f2:
-            b, x2, f2 = x2, x1, f1
-            x1 = b - ratio * (b - a)
-            f1 = f(x1)
-        else:
-            a, x1, f1 = x1, x2, f2
-            x2 = a + ratio * (b - a)
-            f2 = f(x2)
-    best = x1 if f1 <= f2 else x2
-    return best if min(f1, f2) <= values[i] else grid[i]
+    # xatol below the method's own relative floor (sqrt(eps) |x|): the minimum is located as well as the
+    # rounding of f allows; the grid point is kept when the refinement is no better (an optimum on a bound)
+    found = minimize_scalar(f, bounds=(a, b), method="bounded", options={"xatol": 1e-10, "maxiter": 500})
+    return float(found.x) if found.fun <= values[i] else grid[i]
 
 
 def _warn_bound(min_noise: float) -> None:
