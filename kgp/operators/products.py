@@ -207,10 +207,18 @@ class StreamingProducts:
                 vs = (v2 if scale is None else v2 * scale.to(v2.dtype)).to(dtype)
             out = torch.zeros(m, k, dtype=accumulate, device=self.x1.device)
             scratch = base._scratch(base.block_rows(), k)
+            # k > 1: K v as (v^T K^T)^T, the faster orientation (_fused_pass_columns)
+            vs_t = vs.mT.contiguous() if vs is not None and k > 1 else None
+            scratch_t = base._wide_buffer("scratch_t", k, base.block_rows(), dtype) if vs_t is not None else None
             for rows, block in base._block_views(0, n, copy=False):
                 b = block.shape[0]
                 inner = scratch[:b]
-                if vs is not None:
+                if vs_t is not None:
+                    torch.mm(vs_t, block.mT, out=scratch_t[:, :b])
+                    inner.copy_(scratch_t[:, :b].mT)
+                    if w2 is not None:
+                        inner.add_(w2[rows].to(dtype))
+                elif vs is not None:
                     torch.mm(block, vs, out=inner)
                     if w2 is not None:
                         inner.add_(w2[rows].to(dtype))
