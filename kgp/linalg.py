@@ -38,12 +38,22 @@ __all__ = [
 
 # Below this size a full eigvalsh is cheaper than iterating.
 _DENSE_EIGEN_SIZE = 64
-# Block of the blocked factorisations: GEMMs of (n x 512) panels still run at the machine's GEMM rate,
-# and the diagonal blocks, multiplied whole (zeros included), waste less than at 1024: L^T L took
-# 0.105 / 1.29 / 5.58 s at n = 2,000 / 5,000 / 8,000 against 0.19 / 1.89 / 6.20 s at 1024, and the
-# Cholesky 0.104 / 1.75 / 5.91 against 0.137 / 1.68 / 6.07 s (one thread, float64, 2026-11-25;
-# benchmarks/bench_roofline.py). The block temporaries (n x 512) are a small fraction of n x n.
+# Block of the blocked triangular solves: GEMMs of (n x 512) panels still run at the machine's GEMM rate,
+# and the diagonal blocks, multiplied whole (zeros included), waste less than at 1024 (one thread,
+# float64, 2026-11-25; benchmarks/bench_roofline.py). The block temporaries (n x 512) are a small
+# fraction of n x n.
 BLOCK = 512
+# The factorisations' own blocks, measured with two threads on the 2-core development host (2026-11-25,
+# n = 2,000 / 4,000 / 8,000, float64): the Cholesky took 0.050 / 0.297 / 2.11 s with 384-wide blocks
+# against 0.060 / 0.360 / 2.36 s with 512 and 0.055 / 0.348 / 2.51 s with 256 (float32: 0.030 / 0.161 /
+# 1.10 s against 0.034 / 0.167 / 1.12 s); L^T L, whose diagonal blocks are multiplied whole, 0.041 /
+# 0.263 / 1.96 s with 256 against 0.052 / 0.306 / 2.07 s with 512.
+CHOLESKY_BLOCK = 384
+GRAM_BLOCK = 256
+# Up to this size LAPACK's potrf on a copy is faster than the blocked loop (0.008 against 0.016 s at
+# n = 1,000 in float64, 0.004 against 0.008 s in float32; equal from about 3,000 on) and the copy is
+# at most 8 MB.
+POTRF_MAX = 1024
 
 
 def psd_cholesky(
@@ -154,12 +164,13 @@ def smallest_eigenvalue_from_cholesky(L: Tensor, *, iters: int = 15, block: int 
     return min(float(torch.linalg.eigvalsh(R.mT @ R)[0]), float(L.diagonal().square().min()))
 
 
-def cholesky_in_place(A: Tensor, *, what: str = "the matrix", remedy: str = "", block: int = BLOCK) -> Tensor:
+def cholesky_in_place(A: Tensor, *, what: str = "the matrix", remedy: str = "", block: int | None = None) -> Tensor:
     """Lower Cholesky factor of a symmetric positive definite ``A``, written over ``A``.
 
     Right-looking blocked Cholesky: only the lower triangle of ``A`` is read, the strict upper triangle
     is set to zero, and the temporaries are one ``n x block`` panel. ``n^3 / 3`` flops in GEMMs of
-    block width.
+    block width (``block``; None: :data:`CHOLESKY_BLOCK`, and up to :data:`POTRF_MAX` rows LAPACK's
+    ``potrf`` on a copy, which is faster there).
 
     Raises
     ------
@@ -167,6 +178,12 @@ def cholesky_in_place(A: Tensor, *, what: str = "the matrix", remedy: str = "", 
         If a pivot block is not positive definite or not finite (``A`` is then partly overwritten).
     """
     n = A.shape[-1]
+    if block is None and n <= POTRF_MAX:
+        L, info = torch.linalg.cholesky_ex(A)  # reads the lower triangle only
+        if int(info) != 0 or not bool(torch.isfinite(L).all()):
+            raise NotPSDError(_message(A, what, remedy, None))
+        return A.copy_(L)
+    block = CHOLESKY_BLOCK if block is None else block
     for k in range(0, n, block):
         e = min(k + block, n)
         diag = A[k:e, k:e].tril()
@@ -208,7 +225,7 @@ def solve_lower_in_place(L: Tensor, B: Tensor, *, transpose: bool = False, block
     return B
 
 
-def gram_of_lower(L: Tensor, *, out: Tensor | None = None, block: int = BLOCK) -> Tensor:
+def gram_of_lower(L: Tensor, *, out: Tensor | None = None, block: int = GRAM_BLOCK) -> Tensor:
     """The lower triangle of ``L^T L`` for a lower triangular ``L`` whose strict upper triangle is zero.
 
     Row block ``k`` of ``L^T L`` is ``L[k:, k]^T L[k:, :k+1]`` because ``L[i, k] = 0`` for ``i < k``: one

@@ -25,7 +25,9 @@ def tolerance(n: int, dtype: torch.dtype) -> float:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("n", "block"), [(1, 4), (7, 3), (130, 32), (257, 64), (300, 1024)])
+@pytest.mark.parametrize(
+    ("n", "block"), [(1, 4), (7, 3), (130, 32), (257, 64), (300, 1024), (1, None), (300, None), (1100, None)]
+)
 def test_blocked_cholesky_matches_torch_and_reads_only_the_lower_triangle(n, block, dtype):
     A = spd(n, dtype)
     ref = torch.linalg.cholesky(A.double())
@@ -65,3 +67,8 @@ def test_not_positive_definite_names_the_matrix():
     A[4, 4] = float("nan")
     with pytest.raises(NotPSDError):
         cholesky_in_place(A, block=2)
+    for bad in (-1.0, float("nan")):  # the default: LAPACK's potrf at this size
+        A = torch.eye(5, dtype=torch.float64)
+        A[2, 2] = bad
+        with pytest.raises(NotPSDError, match=r"the kernel \(5 x 5, torch.float64\) is not positive definite"):
+            cholesky_in_place(A, what="the kernel")

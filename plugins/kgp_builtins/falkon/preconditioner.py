@@ -184,13 +184,19 @@ class Solves:
     t_inv: Tensor | None = None  # T^{-1} A^{-1} u, before Q and D (Cholesky path)
 
 
-def gram(problem: Problem, work: torch.dtype, d: Tensor | None) -> Tensor:
-    """``G = D K_MM D`` in the working precision, exactly symmetric."""
+def gram(problem: Problem, work: torch.dtype, d: Tensor | None, *, symmetric: bool = True) -> Tensor:
+    """``G = D K_MM D`` in the working precision; with ``symmetric``, exactly symmetric.
+
+    The Cholesky and ``eigh`` read only the lower triangle, so they skip the symmetrisation, which cost
+    more than building ``K_MM`` (0.15 against 0.08 s at M = 5,000, 0.69 against 0.47 s at M = 10,000,
+    float64, two threads): the pivoted path's LAPACK call and the subspace iteration read both triangles.
+    """
     Zw = problem.centers.points.to(work)
     G = problem.kernel_operator(Zw, Zw).to_dense()
     if d is not None:
         G.mul_(d.unsqueeze(0)).mul_(d.unsqueeze(1))
-    G.add_(G.mT.clone()).mul_(0.5)  # symmetric to the last bit, for Cholesky and eigh alike
+    if symmetric:
+        G.add_(G.mT.clone()).mul_(0.5)  # symmetric to the last bit
     return G
 
 
@@ -214,7 +220,7 @@ def build_preconditioner(
     d = None if weights is None else weights.to(work)
     # K_MM is evaluated in the working precision (not cast from the input dtype), so the
     # factors describe the exact kernel.
-    G = gram(problem, work, d)
+    G = gram(problem, work, d, symmetric=factorization == "pivoted")
     diag = G.diagonal()
     mean_diag, max_diag = float(diag.mean()), float(diag.max())
     if not math.isfinite(mean_diag) or not math.isfinite(max_diag) or float(diag.min()) <= 0:
@@ -262,7 +268,7 @@ def build_preconditioner(
         del L
         if prec is not None:
             return prec
-        G = gram(problem, work, d)  # rare fallback: recompute instead of keeping a copy
+        G = gram(problem, work, d, symmetric=False)  # rare fallback: recompute instead of keeping a copy
         method = "eigh"
     if method == "pivoted":
         # the threshold of Example 2 (rcond times the top eigenvalue), applied to the pivots
