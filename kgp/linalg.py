@@ -50,10 +50,11 @@ BLOCK = 512
 # 0.263 / 1.96 s with 256 against 0.052 / 0.306 / 2.07 s with 512.
 CHOLESKY_BLOCK = 384
 GRAM_BLOCK = 256
-# Up to this size LAPACK's potrf on a copy is faster than the blocked loop (0.008 against 0.016 s at
-# n = 1,000 in float64, 0.004 against 0.008 s in float32; equal from about 3,000 on) and the copy is
-# at most 8 MB.
-POTRF_MAX = 1024
+# Up to this size LAPACK's potrf on a copy is faster than the blocked loop (n = 1,000: 0.008 against
+# 0.016 s in float64, 0.004 against 0.008 s in float32; n = 2,000 in the roofline run of 2026-11-25:
+# 0.019 against 0.030 s in float32, 0.041 against 0.058 s in float64; equal from about 3,000 on), and
+# the copy is at most 32 MB.
+POTRF_MAX = 2048
 
 
 def psd_cholesky(
