@@ -72,7 +72,7 @@ class StreamingProducts:
             out_t = torch.empty(k, n, dtype=v.dtype, device=v.device)
             for rows, block in self._block_views(0, n, copy=False):
                 torch.mm(v_t, block.mT, out=out_t[:, rows])
-            out = out_t.mT
+            out = out_t.mT.contiguous()  # callers may view() it, as before
         return out if scale is None else out.mul_(scale)
 
     def _k_t_matmul(self, u: Tensor) -> Tensor:
