@@ -31,24 +31,15 @@ def parse_counts(monkeypatch):
     return counts
 
 
-_LEARN_REMERGES = pytest.mark.xfail(
-    strict=True, reason="the learning loop and the objectives still re-merge: until the learn branch lands"
-)
-
-
 @pytest.mark.parametrize(
     "params",
     [
         dict(solver="falkon", centers="bless", n_centers=30, solver_options={"maxiter": 5}),
-        pytest.param(
-            dict(solver="falkon", n_centers=30, learn="sgpr", learn_options={"iterations": 3}), marks=_LEARN_REMERGES
-        ),
+        dict(solver="falkon", n_centers=30, learn="sgpr", learn_options={"iterations": 3}),
         dict(solver="eigenpro", n_centers=40, solver_options={"epochs": 2}),
         dict(solver="dsg", solver_options={"passes": 1}),
-        pytest.param(
-            dict(solver="exact", learn="exact", learn_options={"iterations": 3, "subset": 100}),
-            marks=_LEARN_REMERGES,
-        ),
+        dict(solver="exact", learn="exact", learn_options={"iterations": 3, "subset": 100}),
+        dict(learn="auto"),  # the recipe's learn options too
     ],
 )
 def test_every_option_is_validated_exactly_once_per_fit(parse_counts, params):

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from ..capabilities import Capabilities
 from ..kernels import KERNEL_SHORTCUTS
-from ..learning.loop import split_learn_options
+from ..learning.loop_options import ResolvedLearnOptions, resolve_learn_options
 from ..options import ResolvedOptions, resolve_options
 from ..recipes import RecipeChoice, RecipeRequest
 from ..registry import UnknownPluginError, registry
@@ -79,7 +79,7 @@ class FitPlan:
         The plugins of the fit (``selector`` None: explicit centers or no plugin uses centers;
         ``objective`` None: the hyperparameters stay fixed).
     learn_options:
-        The learning loop's and the objective's options as the user gave them (validated here once).
+        The learning loop's and the objective's options, validated here once (None without learning).
     explicit_centers:
         The user's ``M x d`` centers (array-like), or None.
     n_centers, noise, dtype, device:
@@ -92,7 +92,7 @@ class FitPlan:
     solver: PluginChoice
     selector: PluginChoice | None
     objective: PluginChoice | None
-    learn_options: Mapping[str, Any]
+    learn_options: ResolvedLearnOptions | None
     explicit_centers: Any
     n_centers: int | None
     noise: float
@@ -299,15 +299,15 @@ def switches(params: Mapping[str, Any], learning: bool) -> dict[str, bool]:
     return out
 
 
-def _learning(params: Mapping[str, Any]) -> tuple[PluginChoice | None, dict[str, Any]]:
+def _learning(params: Mapping[str, Any]) -> tuple[PluginChoice | None, ResolvedLearnOptions | None]:
     """Check ``learn`` and ``learn_options``; resolve the objective plugin."""
     learn, given = params["learn"], params["learn_options"]
     if learn is None:
-        return None, {}
+        return None, None
     info = registry.get("objective", learn)
-    _, own = split_learn_options(learn, info.obj, given)  # unknown keys and bad values fail here
-    choice = PluginChoice("objective", learn, info.obj, ResolvedOptions(f"objective {learn!r}", own), _caps(info))
-    return choice, dict(given or {})
+    resolved = resolve_learn_options(learn, info.obj, given)  # unknown keys and bad values fail here, once
+    choice = PluginChoice("objective", learn, info.obj, resolved.objective, _caps(info))
+    return choice, resolved
 
 
 def _choice(kind: str, name: str, default: str | None = None, argument: str = "") -> PluginChoice:

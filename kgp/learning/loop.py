@@ -31,7 +31,7 @@ from ..monitor import Monitor
 from ..plugin import Centers
 from ..registry import get_objective
 from .bounds import LengthscaleFloors
-from .loop_options import LEARN_OPTIONS, split_learn_options
+from .loop_options import LEARN_OPTIONS, ResolvedLearnOptions, split_learn_options
 from .outcome import BestPoint, report_learning, still_falling, white_noise_nll
 from .parts import LearnedParts
 from .problem import LearningProblem
@@ -97,7 +97,7 @@ def learn_hyperparameters(
     noise: float,
     mean: Tensor | float = 0.0,
     centers: Centers | None = None,
-    options: dict[str, Any] | None = None,
+    options: dict[str, Any] | ResolvedLearnOptions | None = None,
     generator: torch.Generator | None = None,
     monitor: Monitor | None = None,
     shard: Any = None,
@@ -119,7 +119,8 @@ def learn_hyperparameters(
     centers:
         Inducing points for objectives with ``uses_centers`` (held fixed).
     options:
-        ``learn_options``: the loop's (:data:`LEARN_OPTIONS`) and the objective's options.
+        ``learn_options``: the loop's (:data:`LEARN_OPTIONS`) and the objective's options, as a dict (validated
+        here) or as the fit plan's :class:`~kgp.learning.loop_options.ResolvedLearnOptions` (validated there).
     generator:
         Seeded CPU generator for the objective's random draws (default: seed 0).
     monitor:
@@ -150,7 +151,10 @@ def learn_hyperparameters(
             "declare Capabilities(distributed=True). Use learn='sgpr', or learn='exact' with "
             "learn_options={'subset': S}"
         )
-    loop, obj_options = split_learn_options(objective, obj, options)
+    if isinstance(options, ResolvedLearnOptions):  # validated by the fit plan: not again
+        loop, obj_options = options.loop, options.objective
+    else:
+        loop, obj_options = split_learn_options(objective, obj, options)
     if shard is not None and loop["refit_subset"] is not None:
         raise ValueError(
             "learn_options['refit_subset'] is not supported in a distributed fit (its subset is not gathered "

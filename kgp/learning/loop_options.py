@@ -7,7 +7,7 @@ validated here, once per fit, before any data work.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import gpytorch
@@ -75,6 +75,24 @@ LEARN_OPTIONS: dict[str, Option] = {
     ),
 }
 """Options of the loop itself, accepted in ``learn_options`` next to the objective's own options."""
+
+
+@dataclass(frozen=True)
+class ResolvedLearnOptions:
+    """``learn_options`` validated once (by the fit plan): the loop's options and the objective's.
+
+    :func:`~kgp.learning.loop.learn_hyperparameters` takes it in place of a dict and validates nothing
+    again (issue 24: every option is validated exactly once per fit).
+    """
+
+    loop: dict[str, Any]
+    objective: ResolvedOptions
+
+
+def resolve_learn_options(name: str, objective: Any, given: dict[str, Any] | None) -> ResolvedLearnOptions:
+    """:func:`split_learn_options` as one :class:`ResolvedLearnOptions`."""
+    loop, own = split_learn_options(name, objective, given)
+    return ResolvedLearnOptions(loop, own)
 
 
 def split_learn_options(name: str, objective: Any, given: dict[str, Any] | None) -> tuple[dict, dict]:
