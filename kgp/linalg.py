@@ -9,6 +9,7 @@ Public API for plugin authors (the built-ins use nothing else):
   block subspace iteration (``O(M^2 b)`` per step instead of ``O(M^3)``).
 - :func:`smallest_eigenvalue_from_cholesky`: the same for the bottom eigenvalue of ``L L^T``, by
   inverse iteration through the factor.
+- :func:`inverse_from_cholesky`: ``A^{-1}`` from the lower factor of ``A`` in ``2 n^3 / 3`` flops.
 - :func:`cholesky_in_place`, :func:`solve_lower_in_place`, :func:`gram_of_lower`: blocked Cholesky,
   triangular solves and ``L^T L`` written over their input, so that a large factorisation holds one
   ``M x M`` array instead of two or three (``torch.linalg.cholesky`` copies its input, even with
@@ -30,6 +31,7 @@ __all__ = [
     "NotPSDError",
     "cholesky_in_place",
     "gram_of_lower",
+    "inverse_from_cholesky",
     "largest_eigenvalue",
     "psd_cholesky",
     "smallest_eigenvalue_from_cholesky",
@@ -241,3 +243,27 @@ def gram_of_lower(L: Tensor, *, out: Tensor | None = None, block: int = GRAM_BLO
         e = min(k + block, n)
         out[k:e, :e] = L[k:, k:e].mT @ L[k:, :e]
     return out
+
+
+def inverse_from_cholesky(L: Tensor, *, block: int = GRAM_BLOCK) -> Tensor:
+    """``A^{-1}`` (full, exactly symmetric) from the lower Cholesky factor ``L`` of ``A = L L^T``.
+
+    ``W = L^{-1}`` by block columns: column block ``j`` of ``W`` is zero above its diagonal block, so only
+    the trailing triangle ``L[j:, j:]`` is solved against it (``n^3 / 3`` flops in all, against ``n^3`` for
+    ``solve_triangular(L, I)``); then ``A^{-1} = W^T W`` by :func:`gram_of_lower` (``n^3 / 3``). Measured on the
+    2-core development host (two threads, float64, 2026-11-25): 0.12 / 0.40 / 1.55 s at n = 2,000 / 3,000 /
+    5,000, against 0.23 / 0.65 / 2.98 s for ``cholesky_solve(I, L)`` and 0.24 / 0.45 / 2.05 s for
+    ``cholesky_inverse`` (LAPACK ``?potri``); the three agree to 1e-14 relative. One ``n x n`` array besides
+    the result's.
+    """
+    n = L.shape[-1]
+    W = torch.zeros_like(L)
+    for j in range(0, n, block):
+        e = min(j + block, n)
+        rhs = torch.zeros(n - j, e - j, dtype=L.dtype, device=L.device)
+        rhs.diagonal().fill_(1.0)
+        W[j:, j:e] = torch.linalg.solve_triangular(L[j:, j:], rhs, upper=False)
+    inverse = gram_of_lower(W)
+    del W
+    inverse.tril_()
+    return inverse.add_(inverse.tril(-1).mT)
