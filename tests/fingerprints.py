@@ -254,7 +254,13 @@ def main(argv: list[str]) -> int:
     results = run_all(only)
     old = dict(np.load(RECORD)) if RECORD.is_file() else {}
     RECORD.parent.mkdir(parents=True, exist_ok=True)
-    results["__host__"] = np.array(host_signature())
+    # each recorded case carries the host configuration that wrote it (``__host__/<case>``); the file-wide
+    # ``__host__`` stays that of the first record, the default for cases recorded before per-case stamps
+    signature = np.array(host_signature())
+    for case in {key.split("/")[0] for key in results}:
+        results[f"__host__/{case}"] = signature
+    if "__host__" not in old:
+        results["__host__"] = signature
     np.savez(RECORD, **{**old, **results})
     for key in sorted(results):
         print(f"recorded {key} {results[key].shape}")

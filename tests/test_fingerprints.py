@@ -8,7 +8,13 @@ loop moved onto GPyTorch's ``GaussianLikelihood`` and ``ConstantMean`` (issue 24
 host with one thread (the file's ``__host__`` entry, that of the first record, was kept).
 ``learn_exact_subset_refit`` was re-recorded there when the refit's one-dimensional search became a
 coarse grid and scipy's bounded Brent (issue 24 item 8): its minimiser moved within sqrt(eps), the
-predictions by 6e-9 relative.
+predictions by 6e-9 relative. Every ``learn_*`` case was re-recorded on 2026-11-25 (AVX512 host, two
+threads, the configuration of ``make test`` there) when the ``exact`` step's gradient moved to closed
+forms (``kgp.linalg.inverse_from_cholesky``, ``kgp/kernels/rbf_block.py``): rounding-level changes of the
+gradient; against the earlier records, measured on this host, the learned fits were 1e-14 to 1e-10
+apart (1.6e-8 for the refit's argmin), a mix of this change and of the host difference. Each case now
+carries the host configuration that recorded it (``__host__/<case>``); the file's ``__host__`` is the
+default for the cases recorded before that.
 
 Tolerance, relative to the largest value of each array, in float64:
 
@@ -29,12 +35,20 @@ RTOL = 1e-10
 RTOL_OTHER_HOST = 1e-4
 
 recorded = dict(np.load(fingerprints.RECORD)) if fingerprints.RECORD.is_file() else {}
-SAME_HOST = str(recorded.pop("__host__", "")) == fingerprints.host_signature()
+HOSTS = {key.split("/", 1)[1]: str(recorded.pop(key)) for key in list(recorded) if key.startswith("__host__/")}
+DEFAULT_HOST = str(recorded.pop("__host__", ""))
+HERE = fingerprints.host_signature()
+
+
+def _same_host(case: str) -> bool:
+    """Whether ``case`` was recorded on this host configuration (its own stamp, else the file's)."""
+    return HOSTS.get(case, DEFAULT_HOST) == HERE
 
 
 def _compare(results: dict[str, np.ndarray]) -> None:
     for key, value in results.items():
-        tol = RTOL if SAME_HOST or key.split("/")[0] not in fingerprints.SENSITIVE else RTOL_OTHER_HOST
+        case = key.split("/")[0]
+        tol = RTOL if _same_host(case) or case not in fingerprints.SENSITIVE else RTOL_OTHER_HOST
         assert key in recorded, f"{key} was never recorded: run python tests/fingerprints.py --record"
         ref = recorded[key]
         assert value.shape == ref.shape, key
@@ -54,5 +68,5 @@ def test_classifier_matches_the_record():
 
 def test_every_recorded_entry_is_still_a_case():
     names = set(fingerprints.CASES) | {"classifier"}
-    stale = sorted(k for k in recorded if k.split("/")[0] not in names)
+    stale = sorted(k for k in recorded if k.split("/")[0] not in names) + sorted(set(HOSTS) - names)
     assert not stale, f"recorded entries without a case: {stale}"
