@@ -86,3 +86,12 @@ def test_inverse_from_cholesky_matches_the_inverse(n, block, dtype):
     assert inverse.dtype == dtype and torch.equal(inverse, inverse.mT)  # exactly symmetric
     # condition number ~10: a backward-stable inverse errs by a small multiple of n eps cond(A)
     assert (inverse.double() - expected).abs().max() <= 10 * tolerance(n, dtype) * expected.abs().max()
+
+
+@pytest.mark.parametrize("n", [1, 5, 257, 600])
+def test_mirror_lower_copies_the_lower_triangle(n):
+    from kgp.linalg import mirror_lower
+
+    A = torch.randn(n, n, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    expected = A.tril() + A.tril(-1).mT
+    assert torch.equal(mirror_lower(A, block=128), expected)
