@@ -13,6 +13,7 @@ import gpytorch
 import numpy as np
 import pytest
 import torch
+from gpytorch_reference import exact_mll_value
 
 import kgp
 from kgp.learning import learn_hyperparameters
@@ -43,19 +44,7 @@ def test_first_step_is_minus_gpytorch_mll_with_a_noise_prior():
     likelihood = gpytorch.likelihoods.GaussianLikelihood(noise_prior=prior).double()
     likelihood.noise = 0.2
 
-    class GP(gpytorch.models.ExactGP):
-        def __init__(self):
-            super().__init__(X, y, likelihood)
-            self.mean_module = gpytorch.means.ConstantMean()
-            self.covar_module = kernel
-
-        def forward(self, x):
-            return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
-
-    gp = GP().double().train()
-    gp.mean_module.constant.data.fill_(0.25)
-    with torch.no_grad():
-        reference = -float(gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, gp)(gp(X), y))
+    reference = exact_mll_value(X, y, kernel, likelihood, 0.25)
     noise = float(likelihood.noise.detach())  # 0.2 through GPyTorch's float32 constraint bound
     result = learn_hyperparameters(
         "exact", X, y, kernel, noise=noise, mean=0.25, options={"iterations": 1, "noise_prior": prior}
