@@ -357,7 +357,10 @@ def test_float32_and_float64_dtype_follow_input():
         ({"jitter": -1e-3}, "'jitter': expected a finite number >= 0 or None, got -0.001"),
         ({"rcond": 1.5}, "'rcond': expected a finite number >= 0 and < 1 or None, got 1.5"),
         ({"factorization": "qr"}, "'factorization': expected one of 'auto', 'cholesky', 'pivoted', 'eigh', got 'qr'"),
-        ({"precond_dtype": "float16"}, "'precond_dtype': expected one of 'float64', 'input', got 'float16'"),
+        (
+            {"precond_dtype": "float16"},
+            "'precond_dtype': expected one of 'auto', 'float64', 'mixed', 'input', got 'float16'",
+        ),
         ({"max_iter": 5}, r"unknown option(s) ['max_iter'] for solver 'falkon'"),
     ],
 )

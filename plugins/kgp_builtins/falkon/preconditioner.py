@@ -12,9 +12,9 @@ holds ``B' = D Q T^{-1} A^{-1}``. Constructions (:func:`build_preconditioner`):
 
 Numerics (see docs/solvers/falkon.md for the measurements behind these choices):
 
-- The ``M x M`` factorizations run in ``precond_dtype`` (default float64), whatever the input dtype.
-  These ``M x M`` operations cost ``O(M^3 + t M^2 k)``, negligible next to the ``O(t n M)`` kernel
-  passes.
+- The ``M x M`` factorizations run in ``precond_dtype``: float64 for float64 inputs; for float32 inputs
+  ``"mixed"`` (:func:`mixed_cholesky`): factored in float32, widened, applied in float64. They cost
+  ``O(M^3 + t M^2 k)``, which at M = 5,000 is still half of a fit on a 2-core CPU.
 - ``factorization="auto"`` (default, both input dtypes): ``G + jitter * mean(diag G) * I`` is
   factored by Cholesky (Example 1.1) with the jitter the solver chose (:data:`DEFAULT_JITTER`, for
   float32 inputs at least 100x the measured float32 kernel error, :mod:`.precision`); the exact
@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from kgp.linalg import NotPSDError, cholesky_in_place, largest_eigenvalue
+from kgp.linalg import NotPSDError, cholesky_in_place, gram_of_lower, largest_eigenvalue
 from kgp.options import InvalidOptionError
 from kgp.plugin import Problem
 
@@ -83,6 +83,7 @@ class Preconditioner:
     method: str = "cholesky"
     shift: float = 0.0  # Cholesky path: T^T T = D K_MM D + shift I (absolute jitter)
     jitter: float = 0.0  # the same, relative to the mean diagonal of D K_MM D
+    precision: str = ""  # "mixed": T and A factored in float32 and widened (mixed_cholesky)
 
     @property
     def rank(self) -> int:
@@ -214,6 +215,13 @@ def build_preconditioner(
     Parameters are the solver options of the same names (see :class:`~.solver.FalkonSolver`);
     ``weights`` is the diagonal of D or None.
     """
+    if precond_dtype == "mixed":
+        if factorization in ("auto", "cholesky"):
+            prec = mixed_cholesky(problem, weights, jitter=DEFAULT_JITTER if jitter is None else jitter)
+            if prec is not None:
+                return prec
+        # eigh / pivoted, or a float32 Cholesky that failed: the float64 path
+        precond_dtype = "float64"
     work = torch.float64 if precond_dtype == "float64" else problem.dtype
     M = problem.centers.points.shape[0]
     lam = problem.lam
@@ -322,3 +330,79 @@ def from_cholesky(
     )
     method = "cholesky" if keep is None else "pivoted"
     return Preconditioner(lam=lam, d=d, T=T, A=A, keep=keep, m=m, method=method, shift=shift)
+
+
+MIXED_A_SHIFT = 0.1
+"""``precond_dtype="mixed"``: ``A`` factors ``T T^T / M + (lambda + extra) I`` with ``extra = MIXED_A_SHIFT *
+eps32 * mean(diag(T^T T))``, above the float32 rounding of the product (at most ``eps32 * ||T T^T|| / M``
+and ``||T T^T|| <= trace``), so that the float32 Cholesky of ``A`` cannot fail on rounding; raised tenfold
+(at most twice) if it does anyway."""
+
+MIXED_ROWS = 1024
+"""Rows per block when ``K_MM`` is evaluated in float64 and when the factors are widened to float64."""
+
+
+def mixed_cholesky(problem: Problem, weights: Tensor | None, *, jitter: float) -> Preconditioner | None:
+    r"""Example 1.1 factored in float32 and applied in float64 (``precond_dtype="mixed"``); None if it fails.
+
+    Def. 3 asks two things of ``B = T^{-1} A^{-1}``: that it is one fixed invertible map, and that the
+    ``lambda K_MM`` part of ``W = B^T H B`` is the true one; CG on ``W`` then converges to the same
+    ``alpha = B beta`` for any such ``B`` (Rudi et al. 2017, Def. 3; ``B`` only sets the conditioning).
+    So the ``M^3`` work (Cholesky of ``D K_MM D + shift I``, ``T T^T``, Cholesky of ``T T^T / M + (lambda
+    + extra) I``) runs in float32 at twice the float64 GEMM rate, and the factors are then widened to
+    float64: every solve of the CG is float64, so ``B`` is an exact fixed map (float32 solves are not).
+    ``A`` sets the conditioning only, so ``extra`` (:data:`MIXED_A_SHIFT`) may exceed ``lambda``. The
+    regulariser uses ``T^T T = D K_MM D + shift I``, which the float32 factor satisfies to its backward
+    error, about ``eps32 sqrt(M) mean(diag)`` against the ``shift`` it corrects (1e-3 of the mean diagonal):
+    a relative change of ``W`` of order 1e-4, measured harmless (docs/solvers/falkon.md, "float32").
+
+    ``K_MM`` is evaluated in float64 (the float32 distance GEMM errs by up to 3.5e-3 on some UCI sets,
+    more than the jitter) and rounded to float32. Memory: the two float32 factors share one buffer the
+    size of an ``M x M`` float64 array; ``T`` is widened into a second one and ``A`` in place into the
+    buffer, so the peak is two ``M x M`` float64 arrays, as on the float64 path.
+    """
+    f32, f64 = torch.float32, torch.float64
+    Z = problem.centers.points.to(f64)
+    M = Z.shape[0]
+    lam = problem.lam
+    d = None if weights is None else weights.to(f64)
+    buf = torch.empty(2 * M * M, dtype=f32, device=Z.device)  # the bytes of one M x M float64 array
+    G, P = buf[: M * M].view(M, M), buf[M * M :].view(M, M)
+    for r in range(0, M, MIXED_ROWS):  # the lower triangle of D K_MM D, block row by block row
+        e = min(r + MIXED_ROWS, M)
+        block = problem.kernel_operator(Z[r:e], Z[:e]).to_dense()
+        if d is not None:
+            block.mul_(d[r:e, None]).mul_(d[None, :e])
+        G[r:e, :e] = block
+    diag = G.diagonal()
+    mean_diag = float(diag.double().mean())
+    if not math.isfinite(mean_diag) or not bool(torch.isfinite(diag).all()) or float(diag.min()) <= 0:
+        return None  # the float64 path raises the error
+    shift = jitter * mean_diag
+    diag.add_(shift)
+    try:
+        cholesky_in_place(G, what="solver 'falkon': D K_MM D + jitter * mean(diag) * I (float32)")
+    except NotPSDError:
+        return None
+    extra = MIXED_A_SHIFT * torch.finfo(f32).eps * (mean_diag + shift)
+    for _ in range(3):
+        gram_of_lower(G, out=P)
+        P.mul_(1.0 / M).diagonal().add_(lam + extra)
+        try:
+            cholesky_in_place(P, what="solver 'falkon': T T^T / M + lambda I (float32)")
+            break
+        except NotPSDError:
+            extra *= 10.0
+    else:
+        return None
+    T = G.to(f64)  # lower: T of Def. 3 is its transpose
+    del G
+    # A in place: float64 row r covers float32 rows 2r - M .. 2r - M + 1 of P, all below r (already read)
+    A = buf.view(f64).view(M, M)
+    for r in range(0, M, MIXED_ROWS):
+        e = min(r + MIXED_ROWS, M)
+        A[r:e] = P[r:e].to(f64)
+    del P
+    return Preconditioner(
+        lam=lam, d=d, T=T.mT, A=A.mT, method="cholesky", shift=shift, jitter=jitter, precision="mixed"
+    )
