@@ -381,3 +381,42 @@ def test_adam_goes_on_while_the_objective_still_falls_up_to_max_iterations():
     with pytest.warns(kgp.ConvergenceWarning):
         short.fit(X, 1e6 * y)
     assert far.learn_history_[:20] == short.learn_history_
+
+
+def test_lbfgs_polish_converges_where_adam_stalls_and_returns_the_best_point():
+    """learn_options['polish_iterations']: L-BFGS from Adam's best point while the objective still falls."""
+    X, y = _gp_draw(200, [0.3, 1.0], seed=11, noise=1e-4)
+    slow = {"iterations": 20, "lr": 0.02}  # Adam's small fixed step: still falling after 20 steps
+    adam = learn_hyperparameters("exact", X, y, _ard_kernel(2), noise=0.1, mean=0.0, options=slow)
+    kernel = _ard_kernel(2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", kgp.ConvergenceWarning)
+        polished = learn_hyperparameters(
+            "exact", X, y, kernel, noise=0.1, mean=0.0, options={**slow, "polish_iterations": 30}
+        )
+    assert polished.history[:20] == adam.history  # the same Adam run, then L-BFGS
+    assert 20 < len(polished.history) <= 50
+    # L-BFGS went much further than Adam's crawl (per point; the white-noise model is about 1.4 here)
+    assert min(polished.history) < min(adam.history) - 0.5
+    # the returned point is the best one evaluated: GPyTorch's likelihood there equals the best value
+    likelihood = gpytorch.likelihoods.GaussianLikelihood().double()
+    likelihood.noise = polished.noise
+    reference = exact_mll_value(X, y, kernel, likelihood, float(polished.mean))
+    assert abs(reference - min(polished.history)) <= 1e-8 * max(1.0, abs(reference))
+
+
+def test_lbfgs_polish_runs_only_while_the_objective_still_falls():
+    X, y = _gp_draw(150, [0.7], seed=5)
+    near = kgp.KernelRegressor("rbf", learn="exact", learn_options={"iterations": 100, "polish_iterations": 20})
+    assert len(near.fit(X, y).learn_history_) == 100  # converged within Adam's budget: no polish
+
+
+def test_adam_only_options_are_refused_with_lbfgs_and_dropped_from_the_recipe():
+    X, y = _gp_draw(60, [0.7], seed=5)
+    for key in ("polish_iterations", "max_iterations"):
+        model = kgp.KernelRegressor("rbf", learn="exact", learn_options={"optimizer": "lbfgs", key: 5})
+        with pytest.raises(ValueError, match=rf"learn_options\['{key}'\] applies to optimizer='adam'"):
+            model.fit(X, y)
+    # learn='auto' with the user's L-BFGS: the recipe's Adam-only polish does not apply (and is not an error)
+    auto = kgp.KernelRegressor("rbf", learn="auto", learn_options={"optimizer": "lbfgs", "iterations": 10}).fit(X, y)
+    assert len(auto.learn_history_) <= 10  # L-BFGS's own budget, nothing after it

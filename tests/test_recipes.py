@@ -10,9 +10,9 @@ import torch
 from kgp_builtins.recipes.rule import (
     ADAM_STEPS,
     INITIAL_NOISE_FRACTION,
-    MAX_ADAM_STEPS,
     MAX_CENTERS,
     MAX_VARIANCE_FLOPS,
+    POLISH_EVALUATIONS,
     SUBSET,
     exact_limit,
     nystrom_centers,
@@ -61,7 +61,7 @@ def test_the_rule_in_closed_form():
     adam = {
         "optimizer": "adam",
         "iterations": ADAM_STEPS,
-        "max_iterations": MAX_ADAM_STEPS,
+        "polish_iterations": POLISH_EVALUATIONS,
         "initial_noise_fraction": INITIAL_NOISE_FRACTION,
     }
     assert small.learn_options == adam  # n <= SUBSET: all rows

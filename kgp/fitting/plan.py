@@ -234,7 +234,13 @@ def _with_choice(params: Mapping[str, Any], choice: RecipeChoice, auto_solver: b
             out["n_centers"] = choice.n_centers
     if auto_learn:
         out["learn"] = choice.learn
-        merged = {**dict(choice.learn_options or {}), **dict(params["learn_options"] or {})}
+        given = dict(params["learn_options"] or {})
+        merged = {**dict(choice.learn_options or {}), **given}
+        if merged.get("optimizer", "adam") != "adam":
+            # the user's L-BFGS has one budget: the recipe's Adam-only extensions do not apply to it
+            for key in ("max_iterations", "polish_iterations"):
+                if key not in given:
+                    merged.pop(key, None)
         out["learn_options"] = merged or None
     return out
 

@@ -49,6 +49,13 @@ LEARN_OPTIONS: dict[str, Option] = {
         help="Adam only: while the objective is still falling after 'iterations' steps (kgp.learning.outcome), go "
         "on in quarters of 'iterations' up to this many steps; None: stop at 'iterations'",
     ),
+    "polish_iterations": Option.integer(
+        None,
+        minimum=1,
+        allow_none=True,
+        help="Adam only: if the objective is still falling after the Adam steps (kgp.learning.outcome), at most "
+        "this many L-BFGS evaluations (strong Wolfe) from the best point; None: off. learn='auto' sets it",
+    ),
     "initial_noise_fraction": Option.number(
         None,
         minimum=0.0,
@@ -121,6 +128,13 @@ def split_learn_options(name: str, objective: Any, given: dict[str, Any] | None)
             f"learn {name!r}: learn_options['noise_prior'] is a prior on the learned noise, but "
             "learn_options['learn_noise'] is False (the noise is kept fixed); drop noise_prior or set learn_noise=True"
         )
+    for key in ("max_iterations", "polish_iterations"):
+        if loop[key] is not None and loop["optimizer"] != "adam":
+            # they extend or follow Adam's steps; L-BFGS has one budget ('iterations')
+            raise ValueError(
+                f"learn {name!r}: learn_options[{key!r}] applies to optimizer='adam', but optimizer is "
+                f"{loop['optimizer']!r}; drop {key!r} or raise 'iterations' (L-BFGS's budget of evaluations)"
+            )
     own_values = {k: v for k, v in merged.items() if k not in LEARN_OPTIONS}
     # the objective reads them as they are (validated here, once)
     return loop, ResolvedOptions(f"objective {name!r}", own_values)

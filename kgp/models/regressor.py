@@ -66,10 +66,11 @@ class KernelRegressor(BaseKernelModel):
     learn:
         None (default: the hyperparameters given are used as they are), an objective plugin name
         (``"exact"``, ``"sgpr"``, ``"holdout"``; ``kgp plugins``), or ``"auto"``: **the recommended GP** --
-        the exact marginal likelihood on min(n, 3,000) random rows by 100 Adam steps (up to 300 while it
-        still falls) from a noise of 0.7 times the targets' variance (``learn_options``
-        ``initial_noise_fraction``; ``noise`` is the start for a named objective), then the solve of
-        ``solver`` (measured against the exact GP and GPyTorch's SGPR in docs/benchmarks/gp-default.md).
+        the exact marginal likelihood on min(n, 3,000) random rows by 100 Adam steps (then up to 20
+        L-BFGS evaluations while it still falls, ``learn_options`` ``polish_iterations``) from a noise
+        of 0.7 times the targets' variance (``learn_options`` ``initial_noise_fraction``; ``noise`` is
+        the start for a named objective), then the solve of ``solver`` (measured against the exact GP
+        and GPyTorch's SGPR in docs/benchmarks/gp-default.md).
         Learns the kernel's hyperparameters, the noise variance and a constant mean; the best point
         evaluated is kept, and a :class:`kgp.ConvergenceWarning` says when learning failed, went astray or
         was still improving at its budget.
