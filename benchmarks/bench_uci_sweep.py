@@ -108,12 +108,12 @@ def run_one(
     }
 
 
-def sweep(sets, solvers, dtypes, hypers: dict, solver_options: dict | None = None) -> list[dict]:
+def sweep(sets, solvers, dtypes, hypers: dict, solver_options: dict | None = None, m_max: int = M_MAX) -> list[dict]:
     rows = []
     for name in sets:
         split = uci.load_split(name)
         hyper = hypers[name]
-        m = min(M_MAX, split.n_train)
+        m = min(m_max, split.n_train)
         idx = torch.randperm(split.n_train, generator=torch.Generator().manual_seed(0))[:m].numpy()
         centers = split.X_train[idx]
         for solver in solvers:
@@ -193,6 +193,13 @@ def main() -> None:
         help="build the table from rows written by earlier --json runs instead of fitting; a later file's row "
         "replaces an earlier one for the same set, solver and dtype (to re-run one solver after a change)",
     )
+    ap.add_argument(
+        "--centers",
+        type=int,
+        default=M_MAX,
+        help=f"M, the uniform centers of falkon and eigenpro (at most n_train; default {M_MAX:,}; issue 26 target 3: "
+        "--sets kin40k --solvers falkon --centers 20000)",
+    )
     ap.add_argument("--header", default="", help="with --combine: the line written above the table")
     ap.add_argument("--write", action="store_true", help=f"write the table into {DOC.relative_to(ROOT)}")
     args = ap.parse_args()
@@ -220,7 +227,7 @@ def main() -> None:
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
     )
     print(header)
-    rows = sweep(sets, args.solvers.split(","), args.dtypes.split(","), hypers, args.solver_options)
+    rows = sweep(sets, args.solvers.split(","), args.dtypes.split(","), hypers, args.solver_options, args.centers)
     text = table(rows)
     print(text)
     if args.json:
