@@ -17,6 +17,8 @@ Usage::
 
 ``--quick``: M = 2000 only (``--m 5000``: the chosen M only). ``--scale``: adds the synthetic
 n = 1,000,000, d = 28, M = 10,000 float32 row (several minutes). ``--only-scale``: that row alone.
+``--device cuda``: every fit on that device (data moved there before the clock starts; the times
+wait for the device to finish; the memory columns then report the device's peak allocation, not RSS).
 """
 
 from __future__ import annotations
@@ -45,8 +47,17 @@ MAXITER = 20
 SEED = 0
 
 
-def peak_rss_mb() -> float:
+def peak_rss_mb(device: str = "cpu") -> float:
+    """Peak resident memory of this process (CPU), or the device's peak allocation (elsewhere), in MB."""
+    if torch.device(device).type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux reports KiB
+
+
+def synchronize(device: str) -> None:
+    """Wait for queued device work, so a host clock read after it covers the work (no-op on the CPU)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def load_airline(dtype: torch.dtype):
@@ -81,12 +92,15 @@ def synthetic_higgs_like(n: int, n_test: int, d: int = 28):
 
 def time_one_pass(kernel, X, Z, repeats: int = 2) -> float:
     op = kgp.kernel_operator(kernel, X, Z)
-    v = torch.randn(Z.shape[0], 1, dtype=X.dtype)
+    v = torch.randn(Z.shape[0], 1, dtype=X.dtype, device=X.device)
+    device = str(X.device)
     op.fused_matmul(v)  # warm-up: buffers, prepared columns
     best = float("inf")
     for _ in range(repeats):
+        synchronize(device)
         t0 = time.perf_counter()
         op.fused_matmul(v)
+        synchronize(device)
         best = min(best, time.perf_counter() - t0)
     return best
 
@@ -101,7 +115,9 @@ def run_falkon(cfg: dict) -> dict:
         Xtr, ytr, Xte, yte = synthetic_higgs_like(cfg["n"], 100_000)
         Xtr, ytr, Xte, yte = (a.to(dtype) for a in (Xtr, ytr, Xte, yte))
         lengthscale = cfg["lengthscale"]
-    base_rss = peak_rss_mb()
+    device = cfg.get("device", "cpu")
+    Xtr, ytr, Xte, yte = (a.to(device) for a in (Xtr, ytr, Xte, yte))
+    base_rss = peak_rss_mb(device)
     n = Xtr.shape[0]
     model = kgp.KernelRegressor(
         "rbf",
@@ -113,10 +129,12 @@ def run_falkon(cfg: dict) -> dict:
         solver_options={"maxiter": MAXITER, "tol": 0.0},
         random_state=SEED,
     )
+    synchronize(device)
     t0 = time.perf_counter()
     model.fit(Xtr, ytr)
+    synchronize(device)
     fit_s = time.perf_counter() - t0
-    fit_rss = peak_rss_mb()
+    fit_rss = peak_rss_mb(device)
     hist = model.history_
     iters = len(hist)
     per_iter = (hist[-1].elapsed - hist[0].elapsed) / max(iters - 1, 1)
@@ -177,6 +195,7 @@ def main() -> None:
     parser.add_argument("--scale", action="store_true", help="add the n = 1e6, d = 28, M = 10k float32 row")
     parser.add_argument("--only-scale", action="store_true", help="run only the scale row")
     parser.add_argument("--m", type=int, nargs="+", help="airline rows for these M only (default 2000 5000)")
+    parser.add_argument("--device", default="cpu", help="torch device of every fit, e.g. cuda (default cpu)")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -188,7 +207,8 @@ def main() -> None:
     print(
         f"torch {torch.__version__}, threads {torch.get_num_threads()}, "
         f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}, MKL_NUM_THREADS={os.environ.get('MKL_NUM_THREADS')}, "
-        f"memory budget {kgp.settings.memory_budget.value() / 2**20:.0f} MiB"
+        f"memory budget {kgp.settings.memory_budget.value() / 2**20:.0f} MiB, device {args.device}"
+        + (f" ({torch.cuda.get_device_name(args.device)})" if torch.device(args.device).type == "cuda" else "")
     )
     rows = []
     if not args.only_scale:
@@ -196,13 +216,21 @@ def main() -> None:
         for M in Ms:
             direct = in_subprocess("direct", {"M": M})
             for dtype in ("float32", "float64"):
-                r = in_subprocess("falkon", {"data": "airline", "M": M, "dtype": dtype})
+                r = in_subprocess("falkon", {"data": "airline", "M": M, "dtype": dtype, "device": args.device})
                 r["direct_mse"] = direct["direct_mse"]
                 rows.append(r)
                 print_row(r, header=len(rows) == 1)
     if args.scale or args.only_scale:
         r = in_subprocess(
-            "falkon", {"data": "synthetic", "n": 1_000_000, "M": 10_000, "dtype": "float32", "lengthscale": 5.0}
+            "falkon",
+            {
+                "data": "synthetic",
+                "n": 1_000_000,
+                "M": 10_000,
+                "dtype": "float32",
+                "lengthscale": 5.0,
+                "device": args.device,
+            },
         )
         r["direct_mse"] = float("nan")
         print_row(r, header=not rows)

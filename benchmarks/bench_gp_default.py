@@ -20,6 +20,10 @@ airline (``shared/data/airline_nycflights13.npz``, 273,853 rows, seeded 80/20 sp
 against GPyTorch SVGP (1,000 inducing points, minibatch 1,024, Adam lr 0.01, whitened variational
 strategy) given as much time as (d) took, float32 (SVGP's usual precision) .
 
+``--device cuda``: every run on that device (the default call with ``device="cuda"``, GPyTorch's models
+moved there); (b) is then computed, not read from its CPU cache. ``KGP_SHARED_DATA`` names the data folder
+where ``../shared/data`` is absent (a GPU machine gets a carried copy; benchmarks/gpu_check.sh).
+
 Reported per run: test RMSE, NLPD of y (noise included), 95% interval coverage, total seconds (learning +
 solve + test predictions), the host's load when it ran. Every result is appended to
 ``bench_gp_default_runs.jsonl`` as it lands, so an interrupted sweep keeps what it measured.
@@ -51,7 +55,7 @@ HERE = Path(__file__).resolve().parent
 A_JSON = HERE / "bench_hyperparameters_a.json"
 B_JSON = HERE / "bench_gp_default_b.json"
 RUNS = HERE / "bench_gp_default_runs.jsonl"
-AIRLINE = HERE.parents[1] / "shared" / "data" / "airline_nycflights13.npz"
+AIRLINE = uci.SHARED_DATA / "airline_nycflights13.npz"
 
 
 def scores(mean: np.ndarray, std: np.ndarray, y: np.ndarray) -> dict:
@@ -74,13 +78,15 @@ def load(name: str) -> uci.Split:
     return uci.Split(name, *standardized_split(data["X"].astype(np.float64), data["y"].astype(np.float64)))
 
 
-def sgpr(split: uci.Split, seed: int = 0, m: int = 1000, steps: int = 100, lr: float = 0.1) -> dict:
+def sgpr(
+    split: uci.Split, seed: int = 0, m: int = 1000, steps: int = 100, lr: float = 0.1, device: str = "cpu"
+) -> dict:
     """(b): GPyTorch SGPR, random inducing rows, Adam on the collapsed bound, its own predictive."""
     import gpytorch
 
     torch.manual_seed(seed)
-    X = torch.from_numpy(split.X_train)
-    y = torch.from_numpy(split.y_train)
+    X = torch.from_numpy(split.X_train).to(device)
+    y = torch.from_numpy(split.y_train).to(device)
     idx = np.random.default_rng(seed).choice(split.n_train, size=min(m, split.n_train), replace=False)
 
     class SGPR(gpytorch.models.ExactGP):
@@ -96,8 +102,8 @@ def sgpr(split: uci.Split, seed: int = 0, m: int = 1000, steps: int = 100, lr: f
             return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
 
     start = time.perf_counter()
-    likelihood = gpytorch.likelihoods.GaussianLikelihood().double()
-    model = SGPR(X, y, likelihood).double()
+    likelihood = gpytorch.likelihoods.GaussianLikelihood().double().to(device)
+    model = SGPR(X, y, likelihood).double().to(device)
     model.train()
     likelihood.train()
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
@@ -110,12 +116,12 @@ def sgpr(split: uci.Split, seed: int = 0, m: int = 1000, steps: int = 100, lr: f
     model.eval()
     likelihood.eval()
     means, stds = [], []
-    Xq = torch.from_numpy(split.X_test)
+    Xq = torch.from_numpy(split.X_test).to(device)
     with torch.no_grad():
         for lo in range(0, Xq.shape[0], 2000):
             pred = likelihood(model(Xq[lo : lo + 2000]))
-            means.append(pred.mean.numpy())
-            stds.append(pred.variance.sqrt().numpy())
+            means.append(pred.mean.cpu().numpy())
+            stds.append(pred.variance.sqrt().cpu().numpy())
     return {
         **scores(np.concatenate(means), np.concatenate(stds), split.y_test),
         "seconds": time.perf_counter() - start,
@@ -123,13 +129,21 @@ def sgpr(split: uci.Split, seed: int = 0, m: int = 1000, steps: int = 100, lr: f
     }
 
 
-def svgp(split: uci.Split, seconds: float, seed: int = 0, m: int = 1000, batch: int = 1024, lr: float = 0.01) -> dict:
+def svgp(
+    split: uci.Split,
+    seconds: float,
+    seed: int = 0,
+    m: int = 1000,
+    batch: int = 1024,
+    lr: float = 0.01,
+    device: str = "cpu",
+) -> dict:
     """GPyTorch SVGP (whitened variational strategy), minibatch Adam for ``seconds`` of training."""
     import gpytorch
 
     torch.manual_seed(seed)
-    X = torch.from_numpy(split.X_train).float()
-    y = torch.from_numpy(split.y_train).float()
+    X = torch.from_numpy(split.X_train).float().to(device)
+    y = torch.from_numpy(split.y_train).float().to(device)
     idx = np.random.default_rng(seed).choice(split.n_train, size=m, replace=False)
 
     class SVGP(gpytorch.models.ApproximateGP):
@@ -144,8 +158,8 @@ def svgp(split: uci.Split, seconds: float, seed: int = 0, m: int = 1000, batch: 
             return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
 
     start = time.perf_counter()
-    model = SVGP(X[idx].clone())
-    likelihood = gpytorch.likelihoods.GaussianLikelihood()
+    model = SVGP(X[idx].clone()).to(device)
+    likelihood = gpytorch.likelihoods.GaussianLikelihood().to(device)
     model.train()
     likelihood.train()
     optimizer = torch.optim.Adam([*model.parameters(), *likelihood.parameters()], lr=lr)
@@ -154,7 +168,7 @@ def svgp(split: uci.Split, seconds: float, seed: int = 0, m: int = 1000, batch: 
     epochs = 0.0
     steps = 0
     while time.perf_counter() - start < seconds:
-        perm = torch.randperm(X.shape[0], generator=gen)
+        perm = torch.randperm(X.shape[0], generator=gen).to(device)
         for lo in range(0, X.shape[0], batch):
             b = perm[lo : lo + batch]
             optimizer.zero_grad()
@@ -169,12 +183,12 @@ def svgp(split: uci.Split, seconds: float, seed: int = 0, m: int = 1000, batch: 
     model.eval()
     likelihood.eval()
     means, stds = [], []
-    Xq = torch.from_numpy(split.X_test).float()
+    Xq = torch.from_numpy(split.X_test).float().to(device)
     with torch.no_grad():
         for lo in range(0, Xq.shape[0], 4096):
             pred = likelihood(model(Xq[lo : lo + 4096]))
-            means.append(pred.mean.double().numpy())
-            stds.append(pred.variance.double().sqrt().numpy())
+            means.append(pred.mean.double().cpu().numpy())
+            stds.append(pred.variance.double().sqrt().cpu().numpy())
     return {
         **scores(np.concatenate(means), np.concatenate(stds), split.y_test),
         "seconds": time.perf_counter() - start,
@@ -185,10 +199,11 @@ def svgp(split: uci.Split, seconds: float, seed: int = 0, m: int = 1000, batch: 
     }
 
 
-def default_call(split: uci.Split, seed: int = 0) -> dict:
-    """(d): the recommended call, nothing else set."""
+def default_call(split: uci.Split, seed: int = 0, device: str = "cpu") -> dict:
+    """(d): the recommended call, nothing else set (but ``device`` where it is not the CPU)."""
     start = time.perf_counter()
-    model = kgp.KernelRegressor("rbf", learn="auto", random_state=seed).fit(split.X_train, split.y_train)
+    options = {} if device == "cpu" else {"device": device}
+    model = kgp.KernelRegressor("rbf", learn="auto", random_state=seed, **options).fit(split.X_train, split.y_train)
     fit_seconds = time.perf_counter() - start
     mean, std = model.predict(split.X_test, return_std=True, include_noise=True)
     recipe = model.recipe_
@@ -206,11 +221,12 @@ def default_call(split: uci.Split, seed: int = 0) -> dict:
     }
 
 
-def record(name: str, run: str, result: dict) -> dict:
+def record(name: str, run: str, result: dict, device: str = "cpu") -> dict:
     result = {
         **result,
         "set": name,
         "run": run,
+        "device": device if device == "cpu" else f"{device} ({torch.cuda.get_device_name(device)})",
         "load": os.getloadavg()[0],
         "threads": torch.get_num_threads(),
         "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
@@ -221,6 +237,7 @@ def record(name: str, run: str, result: dict) -> dict:
 
 
 def main(argv=None) -> int:
+    global RUNS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sets", default=",".join(SETS), help="comma-separated; 'airline' adds the at-scale row")
     parser.add_argument("--only", default="", help="comma-separated subset of runs: b (peer), d (default)")
@@ -235,7 +252,12 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--table", action="store_true", help="only print the table of the latest recorded runs (no fitting)"
     )
+    parser.add_argument(
+        "--device", default="cpu", help="torch device of every run, e.g. cuda ((b) then runs, not read from its cache)"
+    )
+    parser.add_argument("--runs", default=str(RUNS), help="JSON-lines log the results are appended to")
     args = parser.parse_args(argv)
+    RUNS = Path(args.runs)
     if args.table:
         return print_recorded(args.sets.split(","))
     only = set(filter(None, args.only.split(","))) or {"b", "d"}
@@ -248,12 +270,14 @@ def main(argv=None) -> int:
         print(f"{name}: n_train={split.n_train:,}, d={split.d}", flush=True)
         res = {"a": a_cache.get(name)}
         if "d" in only:
-            res["d"] = record(name, "d", default_call(split, args.seed))
+            res["d"] = record(name, "d", default_call(split, args.seed, args.device), args.device)
             print(f"  (d) {json.dumps(res['d'], default=str)}", flush=True)
         if "b" in only:
             if name == "airline":
                 budget = args.peer_seconds or (res["d"]["seconds"] if res.get("d") else 900.0)
-                res["b"] = record(name, "svgp", svgp(split, budget, args.seed))
+                res["b"] = record(name, "svgp", svgp(split, budget, args.seed, device=args.device), args.device)
+            elif args.device != "cpu":
+                res["b"] = record(name, "b", sgpr(split, args.seed, device=args.device), args.device)
             elif name in b_cache and not args.refresh_b:
                 res["b"] = {**b_cache[name], "cached": True}
             else:

@@ -73,6 +73,11 @@ Default run: n = 32,000, d = 8, M = 2,000 / 5,000 / 10,000; estimated at 3 to 5 
 development machine from the rates and ratios of a one-thread run at M = 1,000 / 2,000, n = 16,000
 (the least time the operations of each M can take, the sum of their bounds, is printed first). Peak
 memory about 6 GB at M = 10,000 in float64 (K_MM, its factor, a scratch copy, the stored 2.6 GB K).
+
+``--device cuda``: every tensor on that device and every timing waits for it (``torch.cuda.synchronize``).
+The exp rate is then measured over a GPU-sized block (``ACCELERATOR_BLOCK_BYTES``, 256 MiB), the DRAM
+rates over 2 GiB, and the streamed pass's bound reads its blocks at the DRAM rate (a GPU's blocks do
+not fit its L2). The cache row (8 MB) is then an L2 figure and enters no bound.
 """
 
 from __future__ import annotations
@@ -98,7 +103,7 @@ from kgp_builtins.falkon.preconditioner import build_preconditioner  # noqa: E40
 import kgp  # noqa: E402
 from kgp import settings  # noqa: E402
 from kgp.linalg import cholesky_in_place, gram_of_lower, solve_lower_in_place  # noqa: E402
-from kgp.operators.blocks import CACHE_FRIENDLY_BYTES  # noqa: E402
+from kgp.operators.blocks import ACCELERATOR_BLOCK_BYTES, CACHE_FRIENDLY_BYTES  # noqa: E402
 from kgp.plugin import Problem  # noqa: E402
 
 DEFAULT_JSONL = Path(__file__).resolve().parent / "bench_roofline_runs.jsonl"
@@ -112,6 +117,30 @@ JITTER = 0.1
 NOISE = 1.0
 LENGTHSCALE = 1.0
 OUTPUTSCALE = 2.0
+# Where every tensor lives (``--device``); set once in main.
+DEVICE = torch.device("cpu")
+
+
+def on_accelerator() -> bool:
+    """Whether the benchmark runs on a device other than the CPU."""
+    return DEVICE.type != "cpu"
+
+
+def block_bytes() -> int:
+    """Bytes of one kernel block as the operator sizes it on DEVICE (blocks.plan_block_rows)."""
+    return ACCELERATOR_BLOCK_BYTES if on_accelerator() else CACHE_FRIENDLY_BYTES
+
+
+def dram_bytes() -> int:
+    """Size of the DRAM-rate arrays: 256 MiB on the CPU, 2 GiB on a GPU (whose L2 holds tens of MB)."""
+    return 8 * DRAM_BYTES if on_accelerator() else DRAM_BYTES
+
+
+def synchronize() -> None:
+    """Wait for queued device work, so a host clock read after it covers the work (no-op on the CPU)."""
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize(DEVICE)
+
 
 # Operations of every dtype, in table order (the float32 table has one more, STORED_WIDE).
 K_MM = "K_MM build"
@@ -211,8 +240,10 @@ def best_time(
     for _ in range(max(1, reps)):
         if setup is not None:
             setup()
+        synchronize()
         t0 = time.perf_counter()
         fn()
+        synchronize()
         best = min(best, time.perf_counter() - t0)
     return best
 
@@ -244,15 +275,15 @@ def measure_machine(dtypes: Sequence[torch.dtype], gemm_side: int, reps: int) ->
     machine = Machine(gemm_side=gemm_side)
     gen = torch.Generator().manual_seed(0)
     for dtype in dtypes:
-        a = torch.randn(gemm_side, gemm_side, generator=gen, dtype=dtype)
-        b = torch.randn(gemm_side, gemm_side, generator=gen, dtype=dtype)
+        a = torch.randn(gemm_side, gemm_side, generator=gen, dtype=dtype).to(DEVICE)
+        b = torch.randn(gemm_side, gemm_side, generator=gen, dtype=dtype).to(DEVICE)
         c = torch.empty_like(a)
         t = best_time(lambda a=a, b=b, c=c: torch.mm(a, b, out=c), reps)
         machine.gemm[dtype] = 2.0 * gemm_side**3 / t
         del a, b, c
-        elements = CACHE_FRIENDLY_BYTES // dtype.itemsize
+        elements = block_bytes() // dtype.itemsize
         # kernel exponents: moderate negative arguments, far from the denormal range
-        src = -20.0 * torch.rand(elements, generator=gen, dtype=dtype)
+        src = (-20.0 * torch.rand(elements, generator=gen, dtype=dtype)).to(DEVICE)
         dst = torch.empty_like(src)
         t_exp = best_time(lambda s=src, o=dst: [torch.exp(s, out=o) for _ in range(BLOCK_PASSES)], reps)
         t_exp2 = best_time(lambda s=src, o=dst: [torch.exp2(s, out=o) for _ in range(BLOCK_PASSES)], reps)
@@ -271,11 +302,14 @@ def memory_rates(reps: int) -> tuple[float, float, float]:
     reps:
         Timed repetitions per figure (best of).
     """
-    big = torch.empty(DRAM_BYTES // 8, dtype=torch.float64).fill_(1.0)  # filled: no page faults in the timing
+    size = dram_bytes()
+    # filled: no page faults in the timing
+    big = torch.empty(size // 8, dtype=torch.float64, device=DEVICE).fill_(1.0)
     out = torch.empty_like(big)
-    read = DRAM_BYTES / best_time(lambda: big.sum(), reps)
-    copy = 2 * DRAM_BYTES / best_time(lambda: out.copy_(big), reps)
-    block = torch.ones(CACHE_FRIENDLY_BYTES // 8, dtype=torch.float64)
+    read = size / best_time(lambda: big.sum(), reps)
+    copy = 2 * size / best_time(lambda: out.copy_(big), reps)
+    # 8 MB: a CPU's kernel block, and a part of a GPU's L2
+    block = torch.ones(CACHE_FRIENDLY_BYTES // 8, dtype=torch.float64, device=DEVICE)
     cache = BLOCK_PASSES * CACHE_FRIENDLY_BYTES / best_time(lambda: [block.sum() for _ in range(BLOCK_PASSES)], reps)
     return read, copy, cache
 
@@ -285,7 +319,7 @@ def rbf(dtype: torch.dtype) -> gpytorch.kernels.ScaleKernel:
     kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel()).to(dtype)
     kernel.base_kernel.lengthscale = LENGTHSCALE
     kernel.outputscale = OUTPUTSCALE
-    return kernel
+    return kernel.to(DEVICE)
 
 
 def make_data(n: int, m: int, d: int, dtype: torch.dtype, seed: int = 0) -> tuple[torch.Tensor, ...]:
@@ -295,7 +329,7 @@ def make_data(n: int, m: int, d: int, dtype: torch.dtype, seed: int = 0) -> tupl
     Z = X[torch.randperm(n, generator=gen)[:m]].clone()
     y = torch.randn(n, 1, generator=gen, dtype=torch.float64).to(dtype)
     v = torch.randn(m, 1, generator=gen, dtype=torch.float64).to(dtype)
-    return X, Z, y, v
+    return X.to(DEVICE), Z.to(DEVICE), y.to(DEVICE), v.to(DEVICE)
 
 
 def operations(n: int, m: int, d: int, dtype: torch.dtype, machine: Machine) -> list[Operation]:
@@ -316,6 +350,9 @@ def operations(n: int, m: int, d: int, dtype: torch.dtype, machine: Machine) -> 
     kernel = rbf(dtype)
     w = dtype.itemsize
     G_rate, E_rate, B_rate, C_rate = machine.gemm[dtype], machine.exp[dtype], machine.dram, machine.cache_read
+    if on_accelerator():
+        # a GPU's blocks (ACCELERATOR_BLOCK_BYTES) exceed its L2: the block's re-reads come from DRAM
+        C_rate = B_rate
     ops: list[Operation] = []
 
     def add(name, run, flops, compute_s, memory_s, *, setup=None, bound=None):
@@ -439,6 +476,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--quick", action="store_true", help="M = 200,400, n = 2000, reps 2: a smoke run")
     parser.add_argument("--jsonl", default=str(DEFAULT_JSONL), help="JSON-lines log to append to ('' for none)")
+    parser.add_argument("--device", default="cpu", help="torch device, e.g. cuda (default cpu)")
     return parser
 
 
@@ -455,7 +493,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
     dict
         ``{"machine": Machine, "rows": [one dict per result, as written to the JSON log]}``.
     """
+    global DEVICE
     args = build_parser().parse_args(argv)
+    DEVICE = torch.device(args.device)
+    if DEVICE.type == "cuda" and DEVICE.index is None:
+        DEVICE = torch.device("cuda", torch.cuda.current_device())
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     ms = parse_list(args.m, int) if args.m else ([200, 400] if args.quick else [2000, 5000, 10000])
@@ -467,6 +509,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     threads = torch.get_num_threads()
     cpu = cpu_model()
+    if DEVICE.type == "cuda":
+        cpu = f"{torch.cuda.get_device_name(DEVICE)} (host CPU: {cpu})"
 
     print("# kgp roofline: FALKON's building blocks against the machine's bounds")
     print(

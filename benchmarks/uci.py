@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,9 @@ import torch
 
 from kgp.datasets import standardized_split
 
-UCI = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "uci"
+# the shared data beside the checkout; KGP_SHARED_DATA names another copy (a GPU machine gets one carried)
+SHARED_DATA = Path(os.environ.get("KGP_SHARED_DATA") or Path(__file__).resolve().parents[1].parent / "shared" / "data")
+UCI = SHARED_DATA / "uci"
 CACHE = Path(__file__).resolve().parent / "uci_hyperparameters.json"
 ALL_SETS = (
     "yacht",

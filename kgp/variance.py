@@ -150,7 +150,7 @@ def latent_variance(kernel: gpytorch.kernels.Kernel, Xq: Tensor, factors: Varian
     work = factors.chol.dtype  # float64 Nystrom factors of a float32 model: the query side follows them
     kernel = _working(kernel, work)
     # p x b cross-kernel block plus two solves of the same size per query block
-    rows = plan_block_rows(Xq.shape[0], p, work.itemsize, 3)
+    rows = plan_block_rows(Xq.shape[0], p, work.itemsize, 3, device=Xq.device)
     with torch.no_grad():
         for sl in row_slices(0, Xq.shape[0], rows):
             xq = Xq[sl].to(work)

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import torch
+
 from .. import settings
 
-__all__ = ["plan_block_rows", "row_slices", "CACHE_FRIENDLY_BYTES"]
+__all__ = ["plan_block_rows", "row_slices", "CACHE_FRIENDLY_BYTES", "ACCELERATOR_BLOCK_BYTES"]
 
 CACHE_FRIENDLY_BYTES = 8_000_000
 """Preferred kernel-block size in bytes (1000 rows in float32, 500 in float64 at M = 2000).
@@ -23,8 +25,19 @@ with 1000-row blocks in two (9% and 15% ahead of 500 rows) and 5% behind 500 row
 5000-row blocks were 1.1-1.4x slower (the block no longer stays in cache between the GEMM, the
 nonlinearity and the two products). A byte size matches both dtypes' optimum."""
 
+ACCELERATOR_BLOCK_BYTES = 256 * 2**20
+"""Preferred kernel-block size in bytes on a device other than the CPU (a GPU).
 
-def plan_block_rows(n_rows: int, n_cols: int, itemsize: int, buffers: int = 1) -> int:
+A GPU gains nothing from cache-sized blocks (its L2 holds tens of MB and every block costs several
+kernel launches of ~5-10 us each): 8 MB blocks on an H100-class card move their bytes in ~4 us, so
+launches would dominate. At 256 MiB a block's memory traffic (~0.1 ms at 3-4 TB/s) dwarfs the
+launches while a 1e6 x 10,000 float32 pass still streams in ~150 blocks, far under the memory
+budget. Measured on the card in docs/backend.md ("On a GPU")."""
+
+
+def plan_block_rows(
+    n_rows: int, n_cols: int, itemsize: int, buffers: int = 1, device: torch.device | str | None = None
+) -> int:
     """Rows per block for an ``n_rows x n_cols`` kernel matrix.
 
     Parameters
@@ -35,11 +48,14 @@ def plan_block_rows(n_rows: int, n_cols: int, itemsize: int, buffers: int = 1) -
         Bytes per element (4 for float32, 8 for float64).
     buffers:
         Number of block-sized buffers the kernel needs at once.
+    device:
+        Where the blocks live: the CPU (or None) prefers cache-sized blocks
+        (:data:`CACHE_FRIENDLY_BYTES`), any other device :data:`ACCELERATOR_BLOCK_BYTES`.
 
     Returns
     -------
     int
-        ``settings.block_rows`` if set, else the cache-friendly size capped by the memory budget.
+        ``settings.block_rows`` if set, else the device's preferred size capped by the memory budget.
 
     Raises
     ------
@@ -57,7 +73,9 @@ def plan_block_rows(n_rows: int, n_cols: int, itemsize: int, buffers: int = 1) -
         )
     if forced is not None:
         return max(1, min(forced, n_rows, by_budget))
-    preferred = max(64, CACHE_FRIENDLY_BYTES // (max(1, n_cols) * itemsize))
+    on_cpu = device is None or torch.device(device).type == "cpu"
+    target = CACHE_FRIENDLY_BYTES if on_cpu else ACCELERATOR_BLOCK_BYTES
+    preferred = max(64, target // (max(1, n_cols) * itemsize))
     return max(1, min(n_rows, by_budget, preferred))
 
 

@@ -97,7 +97,9 @@ class BlockWorkspace:
             Size blocks for the autograd path, which keeps several block-sized temporaries alive.
         """
         n, m = self.shape_nm
-        return plan_block_rows(n, m, self.x1.element_size(), self._buffers_per_row(differentiable))
+        return plan_block_rows(
+            n, m, self.x1.element_size(), self._buffers_per_row(differentiable), device=self.x1.device
+        )
 
     def _buffers(self, rows: int) -> tuple[Tensor, Tensor | None]:
         m = self.x2.shape[0]

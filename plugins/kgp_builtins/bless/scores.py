@@ -73,7 +73,7 @@ class _ScoreEstimator:
             return diag / self.lam_n
         m = self.XJ.shape[0]
         # kernel block, its working-dtype copy and the triangular-solve result: 3 buffers per row
-        block = plan_block_rows(xr.shape[0], m, torch.finfo(self.work_dtype).bits // 8, buffers=3)
+        block = plan_block_rows(xr.shape[0], m, torch.finfo(self.work_dtype).bits // 8, buffers=3, device=xr.device)
         quad = torch.empty_like(diag)
         for sl in row_slices(0, xr.shape[0], block):
             kb = kernel_operator(self.kernel, xr[sl], self.XJ).to_dense().to(self.work_dtype)

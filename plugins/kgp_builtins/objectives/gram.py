@@ -87,7 +87,7 @@ class GramProducts(torch.autograd.Function):
         sym = grad_A + grad_A.T
         grads: list[Tensor | None] = [None] * len(params)
         grad_R = torch.empty_like(R) if ctx.needs_input_grad[3] else None
-        rows_per_block = plan_block_rows(X.shape[0], Z.shape[0], X.element_size(), _BACKWARD_BUFFERS)
+        rows_per_block = plan_block_rows(X.shape[0], Z.shape[0], X.element_size(), _BACKWARD_BUFFERS, device=X.device)
         for rows in row_slices(0, X.shape[0], rows_per_block):
             with torch.enable_grad():
                 block = kgp.kernel_operator(kernel, X[rows], Z).to_dense()  # differentiable, one block

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# One prepared run on a lent CUDA machine: the CUDA tests, then the GPU figures of issue 26 target 7.
+#
+# Run from the repository root on the GPU machine, after building the wheel here
+# (`.venv/bin/python -m pip wheel --no-deps --no-build-isolation -w .whl .`, .whl/ ignored by git):
+#     bash benchmarks/gpu_check.sh [tests] [benchmarks] [gp]   # default: tests benchmarks; logs under $OUT
+# Each step has its own time limit, so one failure leaves the others' figures. "gp" runs
+# bench_gp_default.py on the card (the default GP and GPyTorch's SGPR / SVGP); it reads the shared data
+# from $KGP_SHARED_DATA (default ./.gpudata: copy ../shared/data/uci/*.csv.gz and the airline .npz there).
+set -u
+OUT=${OUT:-gpu-out}
+mkdir -p "$OUT"
+PY=${PY:-python3}
+export PYTHONUNBUFFERED=1 OMP_WAIT_POLICY=PASSIVE
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
+$PY -m pip install -q --no-deps --no-index .whl/kgp-*.whl 2>&1 | tail -3 \
+    || $PY -m pip install -q --no-deps --no-index --no-build-isolation -e . 2>&1 | tail -3
+$PY -c "import torch, gpytorch, kgp; print('torch', torch.__version__, 'gpytorch', gpytorch.__version__,
+'kgp', kgp.__version__, torch.cuda.get_device_name(), [p.name for p in kgp.list_plugins()])" | tee -a "$OUT/gpu.txt"
+
+STEPS=" ${*:-tests benchmarks} "
+if [[ $STEPS == *" tests "* ]]; then
+echo "== CUDA-marked tests and the conformance suite (device checks run on cuda)"
+timeout 100 $PY -m pytest -q -p no:cacheprovider -rs -m cuda tests 2>&1 | tee "$OUT/tests.log" | tail -15
+timeout 60 $PY -m pytest -q -p no:cacheprovider tests/test_conformance.py 2>&1 | tee -a "$OUT/tests.log" | tail -4
+
+fi
+
+if [[ $STEPS == *" benchmarks "* ]]; then
+echo "== kernel pass against block size (n = 1e6, M = 10,000, d = 28)"
+timeout 90 $PY benchmarks/bench_block_size.py --device cuda --n 1000000 --m 10000 --d 28 \
+    --mib 8,32,64,128,256,512,1024,2048 --reps 3 2>&1 | tee "$OUT/blocks.md"
+
+echo "== the 1e6 x 28 row at M = 10,000 (float32)"
+timeout 150 $PY benchmarks/bench_falkon.py --only-scale --device cuda 2>&1 | tee "$OUT/scale.md"
+
+echo "== roofline on the card"
+timeout 150 $PY benchmarks/bench_roofline.py --device cuda --n 200000 --m 2000,5000,10000,20000 \
+    --jsonl "$OUT/roofline.jsonl" 2>&1 | tee "$OUT/roofline.md"
+fi
+
+if [[ $STEPS == *" gp "* ]]; then
+echo "== the default GP and GPyTorch's SGPR on the card (six sets), then airline against SVGP"
+export KGP_SHARED_DATA=${KGP_SHARED_DATA:-$PWD/.gpudata}
+timeout 260 $PY benchmarks/bench_gp_default.py --device cuda --runs "$OUT/gp_runs.jsonl" \
+    --sets pol,elevators,bike,kin40k,protein,keggdirected 2>&1 | tee "$OUT/gp.md" | grep -v '^  ('
+timeout 180 $PY benchmarks/bench_gp_default.py --device cuda --runs "$OUT/gp_runs.jsonl" --sets airline \
+    2>&1 | tee "$OUT/gp_airline.md" | grep -v '^  ('
+fi
