@@ -209,7 +209,7 @@ def main() -> None:
     print(
         f"n={n}, M={m}, d={d}, RBF lengthscale={lengthscale}, {flops / 1e9:.2f} GFLOP per pass, "
         f"best of {reps} (round-robin); memory_budget={settings.memory_budget.value() >> 20} MiB, "
-        f"CACHE_FRIENDLY_BYTES={kgp_blocks.CACHE_FRIENDLY_BYTES}"
+        f"CPU_BLOCK_BYTES={kgp_blocks.CPU_BLOCK_BYTES}"
     )
 
     print("\n## One K^T (K v) pass")

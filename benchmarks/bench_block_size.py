@@ -2,7 +2,7 @@
 
 One streamed FALKON pass ``K^T (K v)`` (``op.fused_matmul(v)`` under ``kernel_cache("never")``) on
 Gaussian data, timed for several block sizes forced with ``kgp.settings.block_rows``; the default
-(``kgp.operators.blocks.plan_block_rows``: ``CACHE_FRIENDLY_BYTES`` on the CPU,
+(``kgp.operators.blocks.plan_block_rows``: ``CPU_BLOCK_BYTES`` on the CPU,
 ``ACCELERATOR_BLOCK_BYTES`` elsewhere) is timed in the same run, and each size is printed as a ratio
 to it (below 1: that size is faster than the default).
 

@@ -89,11 +89,15 @@ def default_plan(split: uci.Split):
     return resolve_plan(params, shape)
 
 
-def kgp_candidate(split: uci.Split, name: str, steps: int) -> dict:
+def kgp_candidate(split: uci.Split, name: str, steps: int, subset: int | None = None) -> dict:
     plan = default_plan(split)
     if name == "subset":
-        make = lambda cb: kgp.KernelRegressor("rbf", learn="auto", random_state=0, callback=cb)  # noqa: E731
-        what = "exact, 3,000 rows"
+        options = {} if subset is None else {"learn_options": {"subset": min(subset, split.n_train)}}
+
+        def make(cb):
+            return kgp.KernelRegressor("rbf", learn="auto", random_state=0, callback=cb, **options)
+
+        what = f"exact, {min(subset or 3000, split.n_train):,} rows"
     elif plan.solver.name == "exact":
         size = split.n_train
 
@@ -221,6 +225,9 @@ def main() -> None:
     parser.add_argument(
         "--skip", default="", help="comma-separated candidates to leave out (subset, own_m, bbmm, sgpr_b)"
     )
+    parser.add_argument(
+        "--subset-sizes", default="3000", help="comma-separated subset sizes of the 'subset' candidate (default 3000)"
+    )
     args = parser.parse_args()
     skip = {s for s in args.skip.split(",") if s}
     sgpr_seconds = json.loads(B_JSON.read_text()) if B_JSON.is_file() else {}
@@ -231,7 +238,8 @@ def main() -> None:
     for name in args.sets.split(","):
         split = uci.load_split(name)
         b = sgpr_seconds.get(name, {}).get("seconds")
-        for cand in ("sgpr_b", "subset", "own_m", "bbmm"):
+        sizes = [int(v) for v in args.subset_sizes.split(",")]
+        for cand, size in [("sgpr_b", None), *(("subset", v) for v in sizes), ("own_m", None), ("bbmm", None)]:
             if cand in skip:
                 continue
             try:
@@ -240,7 +248,7 @@ def main() -> None:
                 elif cand == "sgpr_b":
                     row = sgpr_b_candidate(split, args.steps)
                 else:
-                    row = kgp_candidate(split, cand, args.steps)
+                    row = kgp_candidate(split, cand, args.steps, size)
             except (RuntimeError, MemoryError) as exc:  # an n x n matrix past the memory: a result too
                 row = {"what": cand, "step_seconds": float("nan"), "error": str(exc).splitlines()[0][:200]}
             hundred = 100 * row["step_seconds"]

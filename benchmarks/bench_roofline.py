@@ -10,7 +10,7 @@ First the machine is measured, per dtype:
 
 * ``gemm``: flop/s of a square ``torch.mm`` of side ``s = min(4096, max(1024, max M))`` (``2 s^3`` flops);
 * ``exp``: elements/s of ``torch.exp`` and ``torch.exp2`` (``out=``) over a kernel-block-sized array
-  (``CACHE_FRIENDLY_BYTES``, 8 MB, cache-resident as the operator's blocks are); the faster of the two
+  (``CACHE_PROBE_BYTES``, 8 MB, cache-resident: the exponential's compute rate); the faster of the two
   is the rate (the RBF recipe computes ``exp2``);
 * ``dram``: bytes/s of a ``sum`` over, and of a copy of, a 256 MiB float64 array (copy: bytes read plus
   bytes written); the larger is the DRAM rate;
@@ -103,7 +103,7 @@ from kgp_builtins.falkon.preconditioner import build_preconditioner  # noqa: E40
 import kgp  # noqa: E402
 from kgp import settings  # noqa: E402
 from kgp.linalg import cholesky_in_place, gram_of_lower, solve_lower_in_place  # noqa: E402
-from kgp.operators.blocks import ACCELERATOR_BLOCK_BYTES, CACHE_FRIENDLY_BYTES  # noqa: E402
+from kgp.operators.blocks import ACCELERATOR_BLOCK_BYTES, CPU_BLOCK_BYTES  # noqa: E402
 from kgp.plugin import Problem  # noqa: E402
 
 DEFAULT_JSONL = Path(__file__).resolve().parent / "bench_roofline_runs.jsonl"
@@ -111,6 +111,8 @@ DEFAULT_JSONL = Path(__file__).resolve().parent / "bench_roofline_runs.jsonl"
 # time, and the first-call costs (allocation, page faults) are a small part of it.
 SINGLE_RUN_BOUND_S = 0.5
 DRAM_BYTES = 256 * 2**20
+# Size of the cache-rate and (CPU) exp-rate arrays: a last-level cache holds it.
+CACHE_PROBE_BYTES = 8_000_000
 # Passes per timing of a block-sized figure: one 8 MB pass is shorter than the timer's noise on a busy host.
 BLOCK_PASSES = 10
 JITTER = 0.1
@@ -128,7 +130,12 @@ def on_accelerator() -> bool:
 
 def block_bytes() -> int:
     """Bytes of one kernel block as the operator sizes it on DEVICE (blocks.plan_block_rows)."""
-    return ACCELERATOR_BLOCK_BYTES if on_accelerator() else CACHE_FRIENDLY_BYTES
+    return ACCELERATOR_BLOCK_BYTES if on_accelerator() else CPU_BLOCK_BYTES
+
+
+def exp_probe_bytes() -> int:
+    """Array size of the exp-rate figure: cache-resident on the CPU (its compute rate), a block on a GPU."""
+    return ACCELERATOR_BLOCK_BYTES if on_accelerator() else CACHE_PROBE_BYTES
 
 
 def dram_bytes() -> int:
@@ -281,7 +288,7 @@ def measure_machine(dtypes: Sequence[torch.dtype], gemm_side: int, reps: int) ->
         t = best_time(lambda a=a, b=b, c=c: torch.mm(a, b, out=c), reps)
         machine.gemm[dtype] = 2.0 * gemm_side**3 / t
         del a, b, c
-        elements = block_bytes() // dtype.itemsize
+        elements = exp_probe_bytes() // dtype.itemsize
         # kernel exponents: moderate negative arguments, far from the denormal range
         src = (-20.0 * torch.rand(elements, generator=gen, dtype=dtype)).to(DEVICE)
         dst = torch.empty_like(src)
@@ -309,8 +316,8 @@ def memory_rates(reps: int) -> tuple[float, float, float]:
     read = size / best_time(lambda: big.sum(), reps)
     copy = 2 * size / best_time(lambda: out.copy_(big), reps)
     # 8 MB: a CPU's kernel block, and a part of a GPU's L2
-    block = torch.ones(CACHE_FRIENDLY_BYTES // 8, dtype=torch.float64, device=DEVICE)
-    cache = BLOCK_PASSES * CACHE_FRIENDLY_BYTES / best_time(lambda: [block.sum() for _ in range(BLOCK_PASSES)], reps)
+    block = torch.ones(CACHE_PROBE_BYTES // 8, dtype=torch.float64, device=DEVICE)
+    cache = BLOCK_PASSES * CACHE_PROBE_BYTES / best_time(lambda: [block.sum() for _ in range(BLOCK_PASSES)], reps)
     return read, copy, cache
 
 
@@ -350,8 +357,8 @@ def operations(n: int, m: int, d: int, dtype: torch.dtype, machine: Machine) -> 
     kernel = rbf(dtype)
     w = dtype.itemsize
     G_rate, E_rate, B_rate, C_rate = machine.gemm[dtype], machine.exp[dtype], machine.dram, machine.cache_read
-    if on_accelerator():
-        # a GPU's blocks (ACCELERATOR_BLOCK_BYTES) exceed its L2: the block's re-reads come from DRAM
+    if block_bytes() > CACHE_PROBE_BYTES:
+        # blocks larger than the cache (64 MiB on a CPU, 256 MiB on a GPU): their re-reads come from DRAM
         C_rate = B_rate
     ops: list[Operation] = []
 

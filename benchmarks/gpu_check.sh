@@ -3,7 +3,7 @@
 #
 # Run from the repository root on the GPU machine, after building the wheel here
 # (`.venv/bin/python -m pip wheel --no-deps --no-build-isolation -w .whl .`, .whl/ ignored by git):
-#     bash benchmarks/gpu_check.sh [tests] [benchmarks] [gp]   # default: tests benchmarks; logs under $OUT
+#     bash benchmarks/gpu_check.sh [tests] [benchmarks] [gp] [subset]   # default: tests benchmarks; logs under $OUT
 # Each step has its own time limit, so one failure leaves the others' figures. "gp" runs
 # bench_gp_default.py on the card (the default GP and GPyTorch's SGPR / SVGP); it reads the shared data
 # from $KGP_SHARED_DATA (default ./.gpudata: copy ../shared/data/uci/*.csv.gz and the airline .npz there).
@@ -46,4 +46,12 @@ timeout 260 $PY benchmarks/bench_gp_default.py --device cuda --runs "$OUT/gp_run
     --sets pol,elevators,bike,kin40k,protein,keggdirected 2>&1 | tee "$OUT/gp.md" | grep -v '^  ('
 timeout 180 $PY benchmarks/bench_gp_default.py --device cuda --runs "$OUT/gp_runs.jsonl" --sets airline \
     2>&1 | tee "$OUT/gp_airline.md" | grep -v '^  ('
+fi
+
+if [[ $STEPS == *" subset "* ]]; then
+echo "== learning-subset size over seeds (the 2-core CPU host's memory budget, so the recipe picks its M)"
+export KGP_SHARED_DATA=${KGP_SHARED_DATA:-$PWD/.gpudata}
+KGP_MEMORY_BUDGET=5055302041 timeout 330 $PY benchmarks/bench_subset_size.py --device cuda \
+    --sets elevators,pol,bike,kin40k,protein,keggdirected --sizes 3000,4000,5000 --seeds 0,1,2 \
+    --jsonl "$OUT/subset_runs.jsonl" 2>&1 | tee "$OUT/subset.md" | grep -v Warning
 fi

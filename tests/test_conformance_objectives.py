@@ -45,12 +45,17 @@ class TestSGPRObjective(ObjectiveConformance):
     invalid_options = ({"batch_rows": 0},)
 
 
+def _with_jitter(A: torch.Tensor) -> torch.Tensor:
+    return A + math.sqrt(torch.finfo(A.dtype).eps) * A.diagonal().mean() * torch.eye(A.shape[0], dtype=A.dtype)
+
+
 def _dtc_heldout(problem: LearningProblem, noise, mean, score: str) -> float:
     """The held-out NLPD (or MSE) of the Nystrom predictor, densely: Rasmussen & Williams 2006, eq. 8.27.
 
     The rows are split as ``holdout`` documents (one permutation from ``problem.generator``, 20% held
     out); the mean ``K_VZ S^-1 K_ZT r_T`` and the DTC variance ``s^2 + k_vv - Q_vv + s^2 K_VZ S^-1 K_ZV``
-    with ``S = K_ZT K_TZ + s^2 K_ZZ`` are formed from dense float64 matrices by least squares.
+    with ``S = K_ZT K_TZ + s^2 K_ZZ`` are formed from dense float64 matrices by least squares. ``S`` and
+    ``K_ZZ`` carry the objective's fixed jitter, ``sqrt(eps)`` times their mean diagonal (its definition).
     """
     kernel, n, s2 = problem.kernel, problem.n, float(noise)
     perm = torch.randperm(n, generator=problem.generator)
@@ -59,7 +64,8 @@ def _dtc_heldout(problem: LearningProblem, noise, mean, score: str) -> float:
     X, R = problem.X.double(), problem.y.double() - mean.double()
     Z = problem.centers.points.double()
     Kzt, Kzv, Kzz = dense_kernel(kernel, Z, X[fit]), dense_kernel(kernel, Z, X[hold]), dense_kernel(kernel, Z, Z)
-    S = Kzt @ Kzt.T + s2 * Kzz
+    S = _with_jitter(Kzt @ Kzt.T + s2 * Kzz)
+    Kzz = _with_jitter(Kzz)
     err = R[hold] - Kzv.T @ torch.linalg.lstsq(S, Kzt @ R[fit]).solution
     if score == "mse":
         return float(err.square().mean())

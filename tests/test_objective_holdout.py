@@ -3,7 +3,9 @@
 Oracle: the Nystrom (subset-of-regressors) mean ``K_VZ (K_ZT K_TZ + sigma^2 K_ZZ)^{-1} K_ZT r_T`` and
 the SGPR predictive variance ``sigma^2 + k_ii - k_iZ K_ZZ^{-1} k_Zi + sigma^2 k_iZ (K_ZT K_TZ +
 sigma^2 K_ZZ)^{-1} k_Zi`` (Titsias 2009, eq. 6), by dense GPyTorch kernel matrices and
-``torch.linalg.solve`` (no Cholesky, no whitening, no streaming), differentiated by autograd.
+``torch.linalg.solve`` (no Cholesky, no whitening, no streaming), differentiated by autograd. Both
+``S = K_ZT K_TZ + sigma^2 K_ZZ`` and ``K_ZZ`` carry the objective's fixed jitter, ``sqrt(eps)`` times their
+mean diagonal (part of its definition: it keeps the loss continuous where centers nearly coincide).
 """
 
 from __future__ import annotations
@@ -37,6 +39,10 @@ def _setup():
     return X, y[:, None], kernel, X[:M].clone(), noise, mean
 
 
+def _jitter(A):
+    return A + math.sqrt(torch.finfo(A.dtype).eps) * A.diagonal().mean().detach() * torch.eye(A.shape[0], dtype=A.dtype)
+
+
 def _oracle(X, Y, kernel, Z, noise, mean, fraction, score):
     n_hold = int(round(fraction * X.shape[0]))
     perm = torch.randperm(X.shape[0], generator=torch.Generator().manual_seed(0))
@@ -44,13 +50,13 @@ def _oracle(X, Y, kernel, Z, noise, mean, fraction, score):
     K_tz = kernel(X[fit], Z).to_dense()
     K_vz = kernel(X[hold], Z).to_dense()
     K_zz = kernel(Z).to_dense()
-    S = K_tz.T @ K_tz + noise * K_zz
+    S = _jitter(K_tz.T @ K_tz + noise * K_zz)
     mu = K_vz @ torch.linalg.solve(S, K_tz.T @ (Y[fit] - mean))
     err = Y[hold] - mean - mu
     if score == "mse":
         return err.square().mean()
     k_vv = kernel(X[hold], diag=True)
-    q = (K_vz * torch.linalg.solve(K_zz, K_vz.T).T).sum(1)
+    q = (K_vz * torch.linalg.solve(_jitter(K_zz), K_vz.T).T).sum(1)
     s = (K_vz * torch.linalg.solve(S, K_vz.T).T).sum(1)
     var = (noise + k_vv - q + noise * s)[:, None]
     return (0.5 * torch.log(2 * math.pi * var) + err.square() / (2 * var)).mean()
@@ -98,7 +104,7 @@ def test_holdout_max_rows_caps_the_held_out_part_and_bad_options_are_refused():
     hold, fit = perm[:40], perm[40:]
     with torch.no_grad():
         K_tz, K_zz = kernel(X[fit], Z).to_dense(), kernel(Z).to_dense()
-        alpha = torch.linalg.solve(K_tz.T @ K_tz + noise * K_zz, K_tz.T @ (Y[fit] - mean))
+        alpha = torch.linalg.solve(_jitter(K_tz.T @ K_tz + noise * K_zz), K_tz.T @ (Y[fit] - mean))
         expected = (Y[hold] - mean - kernel(X[hold], Z).to_dense() @ alpha).square().mean()
         assert float(loss(noise, mean)) == pytest.approx(float(expected), rel=1e-9)
     with pytest.raises(ValueError, match="holdout_fraction"):

@@ -488,13 +488,13 @@ def test_device_follows_inputs_cuda(dtype):
     assert rel_err(op[:5, :7].to_dense().cpu(), K[:5, :7], K.abs().max()) < 10 * TOL[dtype]
 
 
-def test_block_rows_are_cache_sized_on_the_cpu_and_larger_on_an_accelerator():
-    from kgp.operators.blocks import ACCELERATOR_BLOCK_BYTES, CACHE_FRIENDLY_BYTES, plan_block_rows
+def test_block_rows_follow_the_device():
+    from kgp.operators.blocks import ACCELERATOR_BLOCK_BYTES, CPU_BLOCK_BYTES, plan_block_rows
 
     n, m = 10**7, 2_000
     with settings.memory_budget(4 * 2**30):
         cpu = plan_block_rows(n, m, 4)
-        assert cpu == plan_block_rows(n, m, 4, device="cpu") == CACHE_FRIENDLY_BYTES // (m * 4)
+        assert cpu == plan_block_rows(n, m, 4, device="cpu") == CPU_BLOCK_BYTES // (m * 4)
         # any device but the CPU ("meta" stands in for a GPU here): launch-bound, so large blocks
         assert plan_block_rows(n, m, 4, device="meta") == ACCELERATOR_BLOCK_BYTES // (m * 4)
     # the budget still caps an accelerator's block: 3 buffers of 4 bytes x m per row

@@ -14,25 +14,30 @@ import torch
 
 from .. import settings
 
-__all__ = ["plan_block_rows", "row_slices", "CACHE_FRIENDLY_BYTES", "ACCELERATOR_BLOCK_BYTES"]
+__all__ = ["plan_block_rows", "row_slices", "CPU_BLOCK_BYTES", "ACCELERATOR_BLOCK_BYTES"]
 
-CACHE_FRIENDLY_BYTES = 8_000_000
-"""Preferred kernel-block size in bytes (1000 rows in float32, 500 in float64 at M = 2000).
+CPU_BLOCK_BYTES = 64 * 2**20
+"""Preferred kernel-block size in bytes on the CPU.
 
-Measured with benchmarks/bench_backend.py on the 2-core development machine (docs/backend.md), at
-n = 1e5, M = 2000, d = 10, three runs: float64 was fastest with 500-row blocks in all three, float32
-with 1000-row blocks in two (9% and 15% ahead of 500 rows) and 5% behind 500 rows in the third;
-5000-row blocks were 1.1-1.4x slower (the block no longer stays in cache between the GEMM, the
-nonlinearity and the two products). A byte size matches both dtypes' optimum."""
+Measured with benchmarks/bench_block_size.py on a 2-core Intel Xeon development host (2026-11-27, quiet,
+two threads, ``OMP_WAIT_POLICY=PASSIVE`` as the kgp command, the Makefile and CI set it): a streamed
+``K^T (K v)`` pass with 64 MiB blocks took 0.63-0.71x the time of the former 8 MB (cache-sized) blocks on
+five shapes in both dtypes (n = 32,000-200,000, M = 500-20,000, d = 8-28); 32 and 128 MiB were 0.71-0.81x.
+The cost the larger block removes is per block, not per byte: every torch op of a block is a parallel
+region, and passive OpenMP threads sleep between regions, so their wake-up (tens of microseconds) was paid
+several times per block, thousands of blocks per pass. With spinning threads (``OMP_WAIT_POLICY`` unset)
+the 8 MB blocks were faster than with passive ones, and 64 MiB still 0.94x of them, so the larger block
+wins under both policies. (The 8 MB figure of 2026-11-22, measured when the pass made more separate
+sweeps over each block, had favoured cache residency.)"""
 
 ACCELERATOR_BLOCK_BYTES = 256 * 2**20
 """Preferred kernel-block size in bytes on a device other than the CPU (a GPU).
 
 A GPU gains nothing from cache-sized blocks (its L2 holds tens of MB and every block costs several
 kernel launches of ~5-10 us each): 8 MB blocks on an H100-class card move their bytes in ~4 us, so
-launches would dominate. At 256 MiB a block's memory traffic (~0.1 ms at 3-4 TB/s) dwarfs the
-launches while a 1e6 x 10,000 float32 pass still streams in ~150 blocks, far under the memory
-budget. Measured on the card in docs/backend.md ("On a GPU")."""
+launches would dominate (5-5.7x slower than 256 MiB on an H200). At 256 MiB a block's memory traffic
+(~0.1 ms at 3-4 TB/s) dwarfs the launches while a 1e6 x 10,000 float32 pass still streams in ~150
+blocks, far under the memory budget. Measured on the card in docs/backend.md ("On a GPU")."""
 
 
 def plan_block_rows(
@@ -49,8 +54,8 @@ def plan_block_rows(
     buffers:
         Number of block-sized buffers the kernel needs at once.
     device:
-        Where the blocks live: the CPU (or None) prefers cache-sized blocks
-        (:data:`CACHE_FRIENDLY_BYTES`), any other device :data:`ACCELERATOR_BLOCK_BYTES`.
+        Where the blocks live: the CPU (or None) prefers :data:`CPU_BLOCK_BYTES`, any other device
+        :data:`ACCELERATOR_BLOCK_BYTES`.
 
     Returns
     -------
@@ -74,7 +79,7 @@ def plan_block_rows(
     if forced is not None:
         return max(1, min(forced, n_rows, by_budget))
     on_cpu = device is None or torch.device(device).type == "cpu"
-    target = CACHE_FRIENDLY_BYTES if on_cpu else ACCELERATOR_BLOCK_BYTES
+    target = CPU_BLOCK_BYTES if on_cpu else ACCELERATOR_BLOCK_BYTES
     preferred = max(64, target // (max(1, n_cols) * itemsize))
     return max(1, min(n_rows, by_budget, preferred))
 
