@@ -32,7 +32,7 @@ torch.linalg.cholesky      ``M^3 / 3``                            same (MKL/Open
 gram_of_lower (L^T L)      ``M^3 / 3``                            ``bytes = M^2 w``
 solve_lower_in_place       ``M^2`` (one right-hand side)          ``bytes = M^2 w / 2`` (L's lower triangle)
 preconditioner setup       ``2 M^2 d + M^3``                      ``K_MM bound + M^3 / G``
-kernel pass (streamed)     ``n M (2 d + 4)``                      ``2 n M d / G + n M / E + 2 n M w / C``
+kernel pass (streamed)     ``n M (2 d + 4)``                      ``2 n M d / G + n M / E + 2 n M w / B``
 kernel pass (stored K)     ``4 n M``                              ``n M w / B + n M w / C``
 Nystrom Gram K^T K         ``n M^2`` (half of ``2 n M^2``)        ``(n M^2 + 2 n M d) / G + n M / E``
 =========================  =====================================  ==============================================
@@ -46,11 +46,13 @@ Notes on the bounds:
   (``M^3 / 3``), i.e. ``M^3`` flops after ``K_MM``.
 * Kernel pass: FALKON's hot loop ``K^T (K v)``, ``op.fused_matmul(v)`` with ``v`` of shape ``M x 1``.
   Streamed (``kgp.settings.kernel_cache("never")``): each row block of K is formed (distance GEMM
-  ``2 n M d`` flops, ``n M`` exponentials) and read twice (``K v``, ``K^T u``: ``4 n M`` flops) while it
-  sits in cache, so the two matrix-vector products cost ``2 n M w`` bytes at the cache rate ``C``, not at
-  the DRAM rate: ``n M w`` bytes never reach DRAM. Stored (``kernel_cache("auto")``, after two warm-up
-  products so that K is kept, only when ``(n + block rows) M w`` fits ``kgp.settings.memory_budget``):
-  K is read from DRAM once per block and once more from cache, ``n M w / B + n M w / C``.
+  ``2 n M d`` flops, ``n M`` exponentials) and read twice (``K v``, ``K^T u``: ``4 n M`` flops). Since
+  2026-11-27 a CPU block is 64 MiB (``CPU_BLOCK_BYTES``), larger than the cache, so the two reads cost
+  ``2 n M w`` bytes at the DRAM rate ``B`` (with the former 8 MB blocks they were charged at the cache rate
+  ``C``; runs before that date used that bound). The ``exp`` rate stays the cache-resident one.
+  Stored (``kernel_cache("auto")``, after two warm-up products so that K is kept, only when
+  ``(n + block rows) M w`` fits ``kgp.settings.memory_budget``): K is read from DRAM once per block and
+  once more from cache, ``n M w / B + n M w / C``.
   For float32 a third row times the stored pass with ``accumulate=torch.float64`` (FALKON's default
   sums for float32 inputs), against the same bound.
 * Nystrom Gram: ``op.gram()`` (the SGPR/DTC variance's ``K_Mn K_nM``) multiplies only the upper
@@ -357,9 +359,9 @@ def operations(n: int, m: int, d: int, dtype: torch.dtype, machine: Machine) -> 
     kernel = rbf(dtype)
     w = dtype.itemsize
     G_rate, E_rate, B_rate, C_rate = machine.gemm[dtype], machine.exp[dtype], machine.dram, machine.cache_read
-    if block_bytes() > CACHE_PROBE_BYTES:
-        # blocks larger than the cache (64 MiB on a CPU, 256 MiB on a GPU): their re-reads come from DRAM
-        C_rate = B_rate
+    # the streamed pass's blocks exceed the cache (64 MiB on a CPU, 256 MiB on a GPU): its re-reads come from
+    # DRAM; the stored pass keeps the cache rate for its second read, as before
+    block_rate = B_rate if block_bytes() > CACHE_PROBE_BYTES else C_rate
     ops: list[Operation] = []
 
     def add(name, run, flops, compute_s, memory_s, *, setup=None, bound=None):
@@ -404,7 +406,7 @@ def operations(n: int, m: int, d: int, dtype: torch.dtype, machine: Machine) -> 
 
     nm = n * m
     pass_compute = 2 * nm * d / G_rate + nm / E_rate
-    pass_memory = 2 * nm * w / C_rate
+    pass_memory = 2 * nm * w / block_rate
     streamed = kgp.kernel_operator(kernel, X, Z)
 
     def streamed_pass():

@@ -770,9 +770,17 @@ def test_gp_learning_and_normalize_y_match_one_process(two_ranks, three_ranks, c
 
 
 def test_exact_learning_without_subset_refuses(two_ranks):
-    for res in (r["exact_whole"] for r in two_ranks[0]):
-        assert res["error"] == "ValueError", res
-        assert "needs learn_options={'subset': S}" in res["message"]
+    # A rank that reaches the check raises the ValueError; a rank still waiting in an earlier asynchronous
+    # collective may see the other's failure record first and raise RankFailedError quoting it. Which one
+    # happens is a matter of timing (seen once on a 2-core host, 2026-11-27), so both are accepted, with the
+    # remedy in the message and at least one rank raising the ValueError itself.
+    results = [r["exact_whole"] for r in two_ranks[0]]
+    for res in results:
+        assert res["error"] in ("ValueError", "RankFailedError"), res
+        assert (
+            "needs learn_options={'subset': S}" in res["message"] or "ValueError: objective 'exact'" in res["message"]
+        ), res
+    assert any(res["error"] == "ValueError" for res in results), results
 
 
 def test_return_std_refused_after_a_distributed_fit_without_learning(two_ranks):

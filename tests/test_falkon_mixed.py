@@ -146,6 +146,29 @@ def test_mixed_factors_after_in_place_widening(monkeypatch):
     assert float((prec.A.mT @ prec.A - P).abs().max()) < 50 * EPS32 * float(P.diagonal().max())
 
 
+def test_mixed_factors_hold_no_subnormal_float32_values(monkeypatch):
+    # far-apart centers (short lengthscale against the spread, as on bike): K_MM's float64 values down to
+    # e^-700 round to float32 subnormals, which slowed the float32 GEMMs of the setup 10x on an Intel host.
+    # They are flushed (TINY_FRACTION of the scale) while the factors keep their backward error.
+    monkeypatch.setattr(falkon_prec, "MIXED_ROWS", 128)
+    X, y = data(1500, d=2, seed=4)
+    X = X * 20
+    Z = X[:1200]  # above POTRF_MAX would be slow here; the blocked path is forced below
+    monkeypatch.setattr(kgp.linalg, "POTRF_MAX", 256)
+    problem = problem_of(X, y, Z, 0.1)
+    prec = falkon_prec.build_preconditioner(
+        problem, None, factorization="cholesky", precond_dtype="mixed", jitter=JITTER, rcond=None
+    )
+    assert prec.precision == "mixed"
+    tiny = torch.finfo(F32).tiny
+    for factor in (prec.T, prec.A):
+        assert int(((factor != 0) & (factor.abs() < tiny)).sum()) == 0
+    G = kgp.kernel_operator(rbf(1.0), Z, Z).to_dense()
+    G.diagonal().add_(prec.shift)
+    assert int(((G != 0) & (G.abs() < tiny)).sum()) > 0  # the matrix itself has entries in that range
+    assert float((prec.T.mT @ prec.T - G).abs().max()) < 50 * EPS32 * float(G.diagonal().max())
+
+
 @pytest.mark.parametrize("dtype,expected", [(F32, "mixed"), (F64, "float64")])
 def test_precond_dtype_auto_follows_the_input_dtype(dtype, expected):
     X, y = data(300, dtype=dtype)

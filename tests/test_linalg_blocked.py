@@ -95,3 +95,24 @@ def test_mirror_lower_copies_the_lower_triangle(n):
     A = torch.randn(n, n, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     expected = A.tril() + A.tril(-1).mT
     assert torch.equal(mirror_lower(A, block=128), expected)
+
+
+def test_flush_below_keeps_subnormals_out_of_the_factor():
+    # a Gaussian kernel matrix of far-apart points in float32: entries down to e^-700 in float64 round to
+    # subnormals (or 0) in float32, and the blocked factorization creates more in its panels. With
+    # flush_below (FALKON's mixed precision passes 2^-63 of the scale) no subnormal survives, and the
+    # factor is the plain one to float32 rounding: the flushed entries are 1e-19 of the scale.
+    g = torch.Generator().manual_seed(3)
+    x = torch.rand(600, 2, generator=g, dtype=torch.float64) * 40
+    K = torch.exp(-0.5 * torch.cdist(x, x).square() / 0.7**2)
+    K.diagonal().add_(1e-3)
+    A = K.to(torch.float32)
+    tiny = torch.finfo(torch.float32).tiny
+    assert int(((A != 0) & (A.abs() < tiny)).sum()) > 0  # the input does hold subnormals
+    flushed = cholesky_in_place(A.clone(), block=64, flush_below=2.0**-63)
+    plain = cholesky_in_place(A.clone(), block=64)
+    assert int(((flushed != 0) & (flushed.abs() < tiny)).sum()) == 0
+    ref = torch.linalg.cholesky(K)
+    bound = tolerance(600, torch.float32) * float(ref.norm())
+    assert float((flushed.double() - ref).norm()) < bound
+    assert float((flushed - plain).norm()) < 1e-6 * float(plain.norm())
