@@ -37,6 +37,7 @@ __all__ = [
     "psd_cholesky",
     "smallest_eigenvalue_from_cholesky",
     "solve_lower_in_place",
+    "zero_small_entries",
 ]
 
 # Below this size a full eigvalsh is cheaper than iterating.
@@ -206,21 +207,21 @@ def cholesky_in_place(
         diag = A[k:e, k:e].tril()
         diag = diag + diag.tril(-1).mT  # the lower triangle is the matrix; the upper may be stale
         if flush_below:
-            _zero_below(diag, flush_below)
+            zero_small_entries(diag, flush_below)
         L_kk, info = torch.linalg.cholesky_ex(diag)
         if int(info) != 0 or not bool(torch.isfinite(L_kk).all()):
             raise NotPSDError(_message(A, what, remedy, None))
         if flush_below:
-            _zero_below(L_kk, flush_below)
+            zero_small_entries(L_kk, flush_below)
         A[k:e, k:e] = L_kk
         A[:k, k:e] = 0
         if e == n:
             break
         if flush_below:
-            _zero_below(A[e:, k:e], flush_below)
+            zero_small_entries(A[e:, k:e], flush_below)
         panel = torch.linalg.solve_triangular(L_kk.mT, A[e:, k:e], upper=True, left=False)
         if flush_below:
-            _zero_below(panel, flush_below)
+            zero_small_entries(panel, flush_below)
         A[e:, k:e] = panel
         for j in range(e, n, block):  # the trailing lower triangle, one block column at a time
             f = min(j + block, n)
@@ -228,8 +229,16 @@ def cholesky_in_place(
     return A
 
 
-def _zero_below(X: Tensor, threshold: float) -> None:
-    X.masked_fill_(X.abs() < threshold, 0.0)
+def zero_small_entries(X: Tensor, threshold: float, *, rows: int = BLOCK) -> Tensor:
+    """Set the entries of ``X`` smaller than ``threshold`` in magnitude to 0, in place, ``rows`` rows at a time.
+
+    Keeps subnormal numbers out of float32 factorizations (see ``cholesky_in_place``'s ``flush_below``);
+    by row blocks so that the boolean mask is never the size of ``X``.
+    """
+    for r in range(0, X.shape[0], rows):
+        part = X[r : r + rows]
+        part.masked_fill_(part.abs() < threshold, 0.0)
+    return X
 
 
 def solve_lower_in_place(L: Tensor, B: Tensor, *, transpose: bool = False, block: int = BLOCK) -> Tensor:

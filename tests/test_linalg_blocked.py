@@ -116,3 +116,15 @@ def test_flush_below_keeps_subnormals_out_of_the_factor():
     bound = tolerance(600, torch.float32) * float(ref.norm())
     assert float((flushed.double() - ref).norm()) < bound
     assert float((flushed - plain).norm()) < 1e-6 * float(plain.norm())
+
+
+def test_zero_small_entries_equals_a_dense_where_by_any_row_block():
+    from kgp.linalg import zero_small_entries
+
+    g = torch.Generator().manual_seed(5)
+    X = torch.randn(37, 11, generator=g, dtype=torch.float64) * torch.logspace(-30, 0, 11, dtype=torch.float64)
+    expected = torch.where(X.abs() < 1e-12, torch.zeros_like(X), X)
+    for rows in (1, 8, 37, 100):
+        out = zero_small_entries(X.clone(), 1e-12, rows=rows)
+        assert torch.equal(out, expected)
+    assert int((expected == 0).sum()) > 0 and int((expected != 0).sum()) > 0

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from kgp.linalg import NotPSDError, cholesky_in_place, gram_of_lower, largest_eigenvalue
+from kgp.linalg import NotPSDError, cholesky_in_place, gram_of_lower, largest_eigenvalue, zero_small_entries
 from kgp.options import InvalidOptionError
 from kgp.plugin import Problem
 
@@ -353,13 +353,9 @@ float64 one (2026-11-27). The change to a matrix is below 1e-19 of its scale, un
 
 
 def _flush_tiny(X: Tensor, scale: float) -> None:
-    """Set the entries of ``X`` below ``TINY_FRACTION * scale`` in magnitude to 0, in place, by row blocks."""
-    if not (scale > 0 and math.isfinite(scale)):
-        return
-    threshold = TINY_FRACTION * scale
-    for r in range(0, X.shape[0], MIXED_ROWS):
-        rows = X[r : r + MIXED_ROWS]
-        rows.masked_fill_(rows.abs() < threshold, 0.0)
+    """Set the entries of ``X`` below ``TINY_FRACTION * scale`` in magnitude to 0, in place."""
+    if scale > 0 and math.isfinite(scale):
+        zero_small_entries(X, TINY_FRACTION * scale, rows=MIXED_ROWS)
 
 
 def mixed_cholesky(problem: Problem, weights: Tensor | None, *, jitter: float) -> Preconditioner | None:
@@ -395,10 +391,10 @@ def mixed_cholesky(problem: Problem, weights: Tensor | None, *, jitter: float) -
             block.mul_(d[r:e, None]).mul_(d[None, :e])
         G[r:e, :e] = block
     diag = G.diagonal()
-    _flush_tiny(G, float(diag.double().mean()))
     mean_diag = float(diag.double().mean())
     if not math.isfinite(mean_diag) or not bool(torch.isfinite(diag).all()) or float(diag.min()) <= 0:
         return None  # the float64 path raises the error
+    _flush_tiny(G, mean_diag)
     shift = jitter * mean_diag
     diag.add_(shift)
     try:
@@ -410,7 +406,9 @@ def mixed_cholesky(problem: Problem, weights: Tensor | None, *, jitter: float) -
     except NotPSDError:
         return None
     extra = MIXED_A_SHIFT * torch.finfo(f32).eps * (mean_diag + shift)
-    _flush_tiny(G, math.sqrt(mean_diag + shift))  # the factor's scale: sqrt of the matrix's
+    # the factor's scale is the square root of the matrix's; the blocked path flushed already, LAPACK's
+    # potrf (M <= POTRF_MAX) did not
+    _flush_tiny(G, math.sqrt(mean_diag + shift))
     for _ in range(3):
         gram_of_lower(G, out=P)
         P.mul_(1.0 / M).diagonal().add_(lam + extra)
