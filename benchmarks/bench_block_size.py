@@ -16,36 +16,21 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import gpytorch  # noqa: E402
 import torch  # noqa: E402
+from device_timing import best_time  # noqa: E402
 
 import kgp  # noqa: E402
 from kgp import settings  # noqa: E402
 
 
-def synchronize(device: torch.device) -> None:
-    """Wait for queued device work (no-op on the CPU)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def time_pass(op, v: torch.Tensor, reps: int, rows: int | None) -> float:
     """Best of ``reps`` streamed passes after one warm-up, with ``rows`` rows a block (None: the default)."""
-    device = v.device
-    best = float("inf")
     with settings.kernel_cache("never"), settings.block_rows(rows):
-        op.fused_matmul(v)
-        for _ in range(reps):
-            synchronize(device)
-            t0 = time.perf_counter()
-            op.fused_matmul(v)
-            synchronize(device)
-            best = min(best, time.perf_counter() - t0)
-    return best
+        return best_time(lambda: op.fused_matmul(v), reps, v.device)
 
 
 def main() -> None:

@@ -37,6 +37,7 @@ os.environ.setdefault("KGP_DISABLE_ENTRYPOINTS", "1")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from device_timing import best_time, synchronize  # noqa: E402
 
 import kgp  # noqa: E402
 
@@ -52,12 +53,6 @@ def peak_rss_mb(device: str = "cpu") -> float:
     if torch.device(device).type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux reports KiB
-
-
-def synchronize(device: str) -> None:
-    """Wait for queued device work, so a host clock read after it covers the work (no-op on the CPU)."""
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def load_airline(dtype: torch.dtype):
@@ -93,16 +88,7 @@ def synthetic_higgs_like(n: int, n_test: int, d: int = 28):
 def time_one_pass(kernel, X, Z, repeats: int = 2) -> float:
     op = kgp.kernel_operator(kernel, X, Z)
     v = torch.randn(Z.shape[0], 1, dtype=X.dtype, device=X.device)
-    device = str(X.device)
-    op.fused_matmul(v)  # warm-up: buffers, prepared columns
-    best = float("inf")
-    for _ in range(repeats):
-        synchronize(device)
-        t0 = time.perf_counter()
-        op.fused_matmul(v)
-        synchronize(device)
-        best = min(best, time.perf_counter() - t0)
-    return best
+    return best_time(lambda: op.fused_matmul(v), repeats, X.device)  # warm-up: buffers, prepared columns
 
 
 def run_falkon(cfg: dict) -> dict:
