@@ -318,6 +318,14 @@ GP_CASES = {
         "learn": "exact",
         "learn_options": {"iterations": 6, "subset": 100, "initial_noise_fraction": 0.7},
     },
+    # the refine stage: the same permutation drawn again on every rank, its wider rows gathered; 60 Adam
+    # steps converge here (a first stage still falling skips the refine)
+    "exact_refine": {
+        "learn": "exact",
+        "learn_options": {"iterations": 60, "subset": 100, "refine_subset": 200, "refine_iterations": 6},
+        # its learned noise is small: FALKON converged, as for sgpr_normalized_lbfgs
+        "solver_options": {"maxiter": 300, "tol": 1e-13},
+    },
 }
 
 
@@ -748,7 +756,7 @@ def test_gp_learning_and_normalize_y_match_one_process(two_ranks, three_ranks, c
     # gradient differences. Measured: 2.5e-8 relative in the objective after 8 L-BFGS evaluations,
     # below 1e-7 after 8 Adam steps (exact on a gathered subset: below 1e-9). A gradient holding only
     # one rank's rows would move the hyperparameters by O(1).
-    tol = 1e-6 if case.startswith("sgpr") else 1e-8
+    tol = 1e-6 if case.startswith("sgpr") or case == "exact_refine" else 1e-8
     for res in (res[case] for res in (two_ranks[0] if world == 2 else three_ranks)):
         assert "pred" in res, res
         torch.testing.assert_close(res["y_mean"], model._y_train_mean, rtol=1e-12, atol=1e-14)
@@ -767,6 +775,8 @@ def test_gp_learning_and_normalize_y_match_one_process(two_ranks, three_ranks, c
             np.testing.assert_allclose(res["std"], std, rtol=10 * tol, atol=0)
     if case.startswith("sgpr"):  # the learning moved the hyperparameters: the test compares something
         assert abs(model.noise_ - 1e-2) > 1e-3
+    if case == "exact_refine":  # the stage ran (the equal histories above then include it on every rank)
+        assert model.learn_summary_["refine"]["subset"] == 200
 
 
 def test_exact_learning_without_subset_refuses(two_ranks):

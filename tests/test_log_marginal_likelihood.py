@@ -99,6 +99,18 @@ def test_kept_by_save_and_load(tmp_path):
     assert loaded.learn_summary_ == model.learn_summary_
 
 
+@pytest.mark.filterwarnings("ignore::kgp.ConvergenceWarning")
+def test_the_refine_stage_is_kept_by_save_and_load(tmp_path):
+    X, y = _data(n=120)
+    options = {"iterations": 5, "subset": 60, "refine_subset": 100, "refine_iterations": 4}
+    model = kgp.KernelRegressor("rbf", learn="exact", solver="exact", learn_options=options).fit(X, y)
+    assert model.learn_summary_["refine"]["subset"] == 100
+    model.save(tmp_path / "m.kgp")
+    loaded = kgp.load(tmp_path / "m.kgp")
+    assert loaded.learn_summary_ == model.learn_summary_
+    assert loaded.log_marginal_likelihood_value_ == model.log_marginal_likelihood_value_
+
+
 def test_unfitted_raises():
     with pytest.raises(kgp.NotFittedError):
         _ = kgp.KernelRegressor("rbf").log_marginal_likelihood_value_
@@ -111,6 +123,9 @@ def test_unfitted_raises():
         ({"log_marginal_likelihood": "big"}, "fitted.learning.summary.log_marginal_likelihood must be int or float"),
         ({"likelihood_terms": True}, "fitted.learning.summary.likelihood_terms must be int"),
         ({"surprise": 1}, "fitted.learning.summary.surprise is not an entry kgp writes"),
+        ({"refine": [1]}, "fitted.learning.summary.refine must be dict"),
+        ({"refine": {"subset": 2.5}}, "fitted.learning.summary.refine.subset must be int"),
+        ({"refine": {"rows": 1}}, "fitted.learning.summary.refine.rows is not an entry kgp writes"),
     ],
 )
 def test_a_forged_summary_is_a_model_file_error(tmp_path, summary, where):

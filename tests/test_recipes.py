@@ -13,9 +13,12 @@ from kgp_builtins.recipes.rule import (
     MAX_CENTERS,
     MAX_VARIANCE_FLOPS,
     POLISH_EVALUATIONS,
+    REFINE_EVALUATIONS,
+    REFINE_SUBSET,
     SUBSET,
     exact_limit,
     nystrom_centers,
+    refine_rows,
 )
 
 import kgp
@@ -67,7 +70,16 @@ def test_the_rule_in_closed_form():
     assert small.learn_options == adam  # n <= SUBSET: all rows
     big = recipe.choose(_request(60_000, budget=40 * 12_000**2))
     assert big.solver == "falkon" and big.n_centers == 12_000
-    assert big.learn_options == {**adam, "subset": SUBSET}
+    refine = {"refine_subset": REFINE_SUBSET, "refine_iterations": REFINE_EVALUATIONS}
+    assert big.learn_options == {**adam, "subset": SUBSET, **refine}
+    assert f"{REFINE_EVALUATIONS} L-BFGS evaluations on {REFINE_SUBSET:,} rows" in big.reasons["learn"]
+    # between SUBSET and REFINE_SUBSET rows the refine stage reads all of them
+    middle = recipe.choose(_request(4_000))
+    assert middle.learn_options == {**adam, "subset": SUBSET, **refine, "refine_subset": 4_000}
+    # its five float64 S x S arrays must fit the budget: S = 4,000 in 640 MB, none when S <= SUBSET
+    assert refine_rows(_request(60_000, budget=40 * 4_000**2)) == 4_000
+    tight = recipe.choose(_request(60_000, budget=40 * 2_900**2))
+    assert "refine_subset" not in tight.learn_options and "subset" in tight.learn_options
     assert set(big.reasons) == {"solver", "n_centers", "learn"}
     given = recipe.choose(_request(1_000, uses_centers_explicitly=True))
     assert given.solver == "falkon" and given.n_centers is None  # the user's centers are kept
@@ -144,3 +156,25 @@ def test_learn_auto_starts_the_noise_at_a_fraction_of_the_targets_variance_and_t
     assert model.noise_ == pytest.approx(INITIAL_NOISE_FRACTION, rel=1e-9)
     own = kgp.KernelRegressor("rbf", learn="auto", learn_options={**start, "initial_noise_fraction": 0.2}).fit(X, Y)
     assert own.noise_ == pytest.approx(0.2, rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("given", "refine"),
+    [
+        ({}, REFINE_SUBSET),  # the recipe's
+        ({"subset": 4_000}, REFINE_SUBSET),  # still more rows than the user's subset
+        ({"subset": REFINE_SUBSET}, None),  # the user's subset holds as many rows: no refine stage
+        ({"subset": 8_000}, None),
+        ({"subset": 8_000, "refine_subset": 9_000}, 9_000),  # the user's own refine stage
+        ({"refine_subset": 6_000, "refine_iterations": 3}, 6_000),
+    ],
+)
+def test_the_recipes_refine_stage_gives_way_to_the_users_subset(given, refine):
+    from kgp.fitting.plan import DataShape
+
+    params = {**kgp.KernelRegressor("rbf", learn="auto", learn_options=given or None).get_params()}
+    shape = DataShape(n=60_000, d=4, k=1, dtype=torch.float64, device=torch.device("cpu"))
+    with kgp.settings.memory_budget(2**33):
+        loop = kgp.fitting.resolve_plan(params, shape).learn_options.loop
+    assert loop["refine_subset"] == refine
+    assert loop["refine_iterations"] == given.get("refine_iterations", REFINE_EVALUATIONS)

@@ -241,6 +241,11 @@ def _with_choice(params: Mapping[str, Any], choice: RecipeChoice, auto_solver: b
             for key in ("max_iterations", "polish_iterations"):
                 if key not in given:
                     merged.pop(key, None)
+        if "refine_subset" not in given and "refine_subset" in merged:
+            subset = merged.get("subset")
+            if subset is None or subset >= merged["refine_subset"]:
+                # the user's subset already holds as many rows as the recipe's refine stage would add
+                merged.pop("refine_subset")
         out["learn_options"] = merged or None
     return out
 

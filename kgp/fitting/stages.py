@@ -151,6 +151,7 @@ def learn(
             else None
         ),
         "likelihood_terms": result.terms,
+        "refine": result.refine,
     }
     return Learned(kernel, result.noise, result.mean, result.history, result.refit, summary)
 

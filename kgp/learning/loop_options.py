@@ -73,6 +73,17 @@ LEARN_OPTIONS: dict[str, Option] = {
         expected="a gpytorch.priors.Prior on the noise variance (e.g. gpytorch.priors.GammaPrior(1.1, 0.05)) or None",
         check=_prior_or_none,
     ),
+    "refine_subset": Option.integer(
+        None,
+        minimum=2,
+        allow_none=True,
+        help="after the Adam steps (and any polish), at most 'refine_iterations' L-BFGS evaluations (strong Wolfe) "
+        "from the best point on this many random rows, a superset of 'subset''s rows; only for an objective with "
+        "a 'subset' option ('exact'); None: off. learn='auto' sets it",
+    ),
+    "refine_iterations": Option.integer(
+        15, minimum=1, help="L-BFGS evaluations of the refine stage (with 'refine_subset')"
+    ),
     "refit_subset": Option.integer(
         None,
         minimum=2,
@@ -134,6 +145,18 @@ def split_learn_options(name: str, objective: Any, given: dict[str, Any] | None)
             raise ValueError(
                 f"learn {name!r}: learn_options[{key!r}] applies to optimizer='adam', but optimizer is "
                 f"{loop['optimizer']!r}; drop {key!r} or raise 'iterations' (L-BFGS's budget of evaluations)"
+            )
+    refine = loop["refine_subset"]
+    if refine is not None:
+        if "subset" not in own:
+            raise ValueError(
+                f"learn {name!r}: learn_options['refine_subset'] refines on a larger random subset of rows, but "
+                f"objective {name!r} has no 'subset' option; use learn='exact' or drop refine_subset"
+            )
+        if merged["subset"] is None or refine <= merged["subset"]:
+            raise ValueError(
+                f"learn {name!r}: learn_options['refine_subset']={refine} must exceed learn_options['subset'] "
+                f"(got {merged['subset']!r}: None means all rows already); raise refine_subset or drop it"
             )
     own_values = {k: v for k, v in merged.items() if k not in LEARN_OPTIONS}
     # the objective reads them as they are (validated here, once)

@@ -37,10 +37,11 @@ class GPQuantities:
         ``log p(y) = -1/2 r^T (K + sigma^2 I)^{-1} r - 1/2 log|K + sigma^2 I| - n/2 log(2 pi)`` (Rasmussen &
         Williams 2006, eq. 2.30), summed over outputs, in the scaled target units (after ``normalize_y``,
         as scikit-learn's), over the rows the objective used: all training rows for ``learn="exact"``
-        without ``subset``, the random subset otherwise (``learn_summary_['likelihood_terms']`` counts
-        rows x outputs); for ``learn="sgpr"`` the collapsed lower bound on it (Titsias 2009, eq. 9). With
-        priors on the kernel it includes their log densities. None when nothing was learned, when the
-        objective is no likelihood (``holdout``), or when ``refit_subset`` moved the point afterwards.
+        without ``subset``, the random subset otherwise, the wider ``refine_subset`` when that stage ran
+        (``learn_summary_['likelihood_terms']`` counts rows x outputs); for ``learn="sgpr"`` the collapsed
+        lower bound on it (Titsias 2009, eq. 9). With priors on the kernel it includes their log densities.
+        None when nothing was learned, when the objective is no likelihood (``holdout``), or when
+        ``refit_subset`` moved the point afterwards.
         """
         self._check_fitted()
         summary = self.learn_summary_

@@ -334,7 +334,28 @@ _SUMMARY_TYPES: dict[str, tuple[type, ...]] = {
     "stopped": (str,),
     "log_marginal_likelihood": (int, float),
     "likelihood_terms": (int,),
+    "refine": (dict,),
 }
+# the refine stage's entries (learn_options['refine_subset'], kgp.learning.LearnResult.refine)
+_REFINE_TYPES: dict[str, tuple[type, ...]] = {
+    "subset": (int,),
+    "first_evaluation": (int,),
+    "evaluations": (int,),
+    "start": (int, float),
+    "first_stage_best": (int, float),
+}
+
+
+def _checked_entries(path: Any, where: str, entries: dict, types: dict[str, tuple[type, ...]]) -> dict[str, Any]:
+    checked: dict[str, Any] = {}
+    for key, value in entries.items():
+        kinds = types.get(key)
+        if kinds is None:
+            raise _fail(path, f"{where}.{key}", f"is not an entry kgp writes ({sorted(types)})")
+        if value is not None and (isinstance(value, bool) or not isinstance(value, kinds)):
+            raise _fail(path, f"{where}.{key}", f"must be {' or '.join(k.__name__ for k in kinds)}, got {value!r}")
+        checked[key] = value
+    return checked
 
 
 def _learn_summary(path: Any, summary: Any) -> dict[str, Any] | None:
@@ -343,18 +364,7 @@ def _learn_summary(path: Any, summary: Any) -> dict[str, Any] | None:
         return None
     if not isinstance(summary, dict):
         raise _fail(path, "fitted.learning.summary", f"must be a dict, got {type(summary).__name__}")
-    checked: dict[str, Any] = {}
-    for key, value in summary.items():
-        kinds = _SUMMARY_TYPES.get(key)
-        if kinds is None:
-            raise _fail(
-                path, f"fitted.learning.summary.{key}", f"is not an entry kgp writes ({sorted(_SUMMARY_TYPES)})"
-            )
-        if value is not None and (isinstance(value, bool) or not isinstance(value, kinds)):
-            raise _fail(
-                path,
-                f"fitted.learning.summary.{key}",
-                f"must be {' or '.join(k.__name__ for k in kinds)}, got {value!r}",
-            )
-        checked[key] = value
+    checked = _checked_entries(path, "fitted.learning.summary", summary, _SUMMARY_TYPES)
+    if checked.get("refine") is not None:
+        checked["refine"] = _checked_entries(path, "fitted.learning.summary.refine", checked["refine"], _REFINE_TYPES)
     return checked

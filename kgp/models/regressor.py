@@ -67,8 +67,9 @@ class KernelRegressor(BaseKernelModel):
         None (default: the hyperparameters given are used as they are), an objective plugin name
         (``"exact"``, ``"sgpr"``, ``"holdout"``; ``kgp plugins``), or ``"auto"``: **the recommended GP** --
         the exact marginal likelihood on min(n, 3,000) random rows by 100 Adam steps (then up to 20
-        L-BFGS evaluations while it still falls, ``learn_options`` ``polish_iterations``) from a noise
-        of 0.7 times the targets' variance (``learn_options`` ``initial_noise_fraction``; ``noise`` is
+        L-BFGS evaluations while it still falls, ``learn_options`` ``polish_iterations``; else, above
+        3,000 rows, up to 15 L-BFGS evaluations on min(n, 5,000) rows containing them, ``refine_subset``)
+        from a noise of 0.7 times the targets' variance (``learn_options`` ``initial_noise_fraction``; ``noise`` is
         the start for a named objective), then the solve of ``solver`` (measured against the exact GP
         and GPyTorch's SGPR in docs/benchmarks/gp-default.md).
         Learns the kernel's hyperparameters, the noise variance and a constant mean; the best point
