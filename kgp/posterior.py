@@ -322,7 +322,7 @@ class Posterior:
         centers = factors = train_X = None
         reason = ""
         if kind == "nystrom":
-            centers = check.matrix(variance.get("centers"), "variance.centers", cols=n_features)
+            centers = check.points(variance.get("centers"), "variance.centers", cols=n_features)
             centers = centers.to(device=device, dtype=dtype)
         if kind == "exact" and getattr(predictor, "centers", None) is None:
             raise PosteriorStateError(
@@ -341,7 +341,7 @@ class Posterior:
                     f"{centers.shape[0]} centers, got {factors.points.shape[0]} rows"
                 )
         elif kind == "nystrom" and "train_X" in variance:
-            train_X = check.matrix(variance["train_X"], "variance.train_X", cols=n_features).to(device, dtype)
+            train_X = check.points(variance["train_X"], "variance.train_X", cols=n_features).to(device, dtype)
         return cls(
             kernel=kernel,
             predictor=predictor,

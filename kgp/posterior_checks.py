@@ -27,7 +27,7 @@ def _factors_from_state(
         raise PosteriorStateError(
             f"posterior.variance.factors.kind: expected {kind!r} (the variance kind), got {state.get('kind')!r}"
         )
-    points = check.matrix(state.get("points"), "variance.factors.points", cols=n_features)
+    points = check.points(state.get("points"), "variance.factors.points", cols=n_features)
     p = points.shape[0]
     chol = check.matrix(state.get("chol"), "variance.factors.chol", rows=p, cols=p)
     _check_cholesky(chol, "variance.factors.chol")
@@ -90,6 +90,17 @@ class _Checker:
         if t.dim() != 2 or (rows is not None and t.shape[0] != rows) or (cols is not None and t.shape[1] != cols):
             want = f"({rows if rows is not None else 'any'}, {cols if cols is not None else 'any'})"
             raise PosteriorStateError(f"{self._where(path)}: expected a matrix of shape {want}, got {tuple(t.shape)}")
+        return t
+
+    def points(self, value: Any, path: str, cols: int) -> Tensor:
+        """Input rows of the kernel: a matrix whose rows' squared norms are finite in its dtype (the kernel's
+        distances are formed from them; a row beyond that makes every kernel value with it NaN)."""
+        t = self.matrix(value, path, cols=cols)
+        if not bool(torch.isfinite(t.square().sum(dim=1)).all()):
+            raise PosteriorStateError(
+                f"{self._where(path)}: rows whose squared norm overflows {str(t.dtype).replace('torch.', '')} "
+                f"(largest entry {float(t.abs().max()):.3g}); not the inputs of a fitted kernel"
+            )
         return t
 
 

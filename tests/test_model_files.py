@@ -200,3 +200,33 @@ def test_kgp_predict_reports_tampered_files_in_one_line(saved, tmp_path, capsys)
     assert main(["predict", "--model", str(path), "--data", str(tmp_path / "d.npz")]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--model: " in err and "params.noise" in err
+
+
+@pytest.mark.parametrize(
+    ("where", "value", "message"),
+    [
+        (("estimator",), [], "unknown estimator []"),
+        (("params", "dtype"), [], "params.dtype must be one of"),
+    ],
+)
+def test_unhashable_entries_are_refused_not_a_type_error(saved, tmp_path, where, value, message):
+    root, _, _ = saved
+    state = _state(root / "reg.pt")
+    target = state
+    for key in where[:-1]:
+        target = target[key]
+    target[where[-1]] = value
+    assert message in _load_error(_rewrite(tmp_path, state))
+
+
+@pytest.mark.filterwarnings("ignore::kgp.ConvergenceWarning")
+def test_variance_rows_that_overflow_the_distances_are_refused(tmp_path):
+    # the variance's centers are read only by return_std, so the mean probe cannot see them: a center
+    # with an entry of 1e300 (squared: inf) made K_MM NaN at the first predict(return_std=True)
+    model = kgp.KernelRegressor("rbf", learn="sgpr", n_centers=12, random_state=0, learn_options={"iterations": 3})
+    model.fit(X, Y).save(tmp_path / "gp.pt")
+    state = _state(tmp_path / "gp.pt")
+    assert state["posterior"]["variance"]["kind"] == "nystrom"
+    state["posterior"]["variance"]["centers"][3, 1] = 1e300
+    message = _load_error(_rewrite(tmp_path, state))
+    assert "variance.centers" in message and "squared norm overflows float64" in message

@@ -57,7 +57,8 @@ def load(path: str | os.PathLike, *, device: str | torch.device | None = None) -
         state = io.read_model(path)
     except RecursionError:
         raise ModelFileError(f"{path}: invalid model file: its contents are nested too deeply") from None
-    estimator = _ESTIMATORS.get(state.get("estimator"))
+    name = state.get("estimator")
+    estimator = _ESTIMATORS.get(name) if isinstance(name, str) else None
     if estimator is None:
         raise ModelFileError(f"{path}: unknown estimator {state.get('estimator')!r}")
     upgraded = state.get("format_version", 0) < 3

@@ -137,7 +137,7 @@ def check_contents(state: dict[str, Any], path, *, upgraded: bool = False) -> No
     scale = params.get("lengthscale")
     if scale is not None and (not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0):
         raise _fail(path, "params.lengthscale", f"must be None or a finite positive number, got {scale!r}")
-    if params.get("dtype") not in DTYPES:
+    if not isinstance(params.get("dtype"), str) or params.get("dtype") not in DTYPES:
         raise _fail(path, "params.dtype", f"must be one of {', '.join(DTYPES)}, got {params.get('dtype')!r}")
     probe_X = probe.get("X")
     if not torch.is_tensor(probe_X) or probe_X.dim() != 2 or probe_X.shape[0] != 2:
