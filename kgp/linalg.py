@@ -219,7 +219,10 @@ def cholesky_in_place(
             break
         if flush_below:
             zero_small_entries(A[e:, k:e], flush_below)
-        panel = torch.linalg.solve_triangular(L_kk.mT, A[e:, k:e], upper=True, left=False)
+        # L_kk X^T = A^T solved on the transposed view: LAPACK reads it where it lies. The same solve as
+        # X L_kk^T = A (left=False) copied the strided panel first and was 6x slower at M = 20,000 (84 against
+        # 14 ms a panel, float32, 2-core Intel host; 4.5 s of the 52 s float32 FALKON setup)
+        panel = torch.linalg.solve_triangular(L_kk, A[e:, k:e].mT, upper=False).mT
         if flush_below:
             zero_small_entries(panel, flush_below)
         A[e:, k:e] = panel
@@ -229,12 +232,22 @@ def cholesky_in_place(
     return A
 
 
-def zero_small_entries(X: Tensor, threshold: float, *, rows: int = BLOCK) -> Tensor:
+FLUSH_ELEMENTS = 2**20
+"""Entries per chunk of :func:`zero_small_entries`: its temporaries (the magnitudes and the mask, 5 MiB in
+float32) stay small enough to be reused by the allocator. Chunks of 1,024 rows of a 10,000-column float32
+matrix (40 MB temporaries) took 0.58 s a pass, against 0.13 s for 512 or 128 rows (2-core Intel Xeon host,
+2026-11-27): the larger temporaries are mapped and page-faulted afresh for every chunk."""
+
+
+def zero_small_entries(X: Tensor, threshold: float, *, rows: int | None = None) -> Tensor:
     """Set the entries of ``X`` smaller than ``threshold`` in magnitude to 0, in place, ``rows`` rows at a time.
 
     Keeps subnormal numbers out of float32 factorizations (see ``cholesky_in_place``'s ``flush_below``);
-    by row blocks so that the boolean mask is never the size of ``X``.
+    by row blocks so that the boolean mask is never the size of ``X`` (None: about
+    :data:`FLUSH_ELEMENTS` entries a block).
     """
+    if rows is None:
+        rows = max(1, FLUSH_ELEMENTS // max(1, X.shape[-1]))
     for r in range(0, X.shape[0], rows):
         part = X[r : r + rows]
         part.masked_fill_(part.abs() < threshold, 0.0)

@@ -127,6 +127,7 @@ def test_mixed_on_float32_inputs_is_as_close_as_the_float64_preconditioner():
 def test_mixed_factors_after_in_place_widening(monkeypatch):
     # several blocks of the in-place float32 -> float64 widening of A (the buffer holds both factors)
     monkeypatch.setattr(falkon_prec, "MIXED_ROWS", 96)
+    monkeypatch.setattr(falkon_prec, "WIDEN_BYTES", 96 * 500 * 8)  # 96-row blocks at M = 500
     X, y = data(700, d=4, seed=3)
     Z = X[:500]
     problem = problem_of(X, y, Z, 0.1)

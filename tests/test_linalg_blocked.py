@@ -124,7 +124,14 @@ def test_zero_small_entries_equals_a_dense_where_by_any_row_block():
     g = torch.Generator().manual_seed(5)
     X = torch.randn(37, 11, generator=g, dtype=torch.float64) * torch.logspace(-30, 0, 11, dtype=torch.float64)
     expected = torch.where(X.abs() < 1e-12, torch.zeros_like(X), X)
-    for rows in (1, 8, 37, 100):
+    for rows in (1, 8, 37, 100, None):  # None: blocks of about FLUSH_ELEMENTS entries
         out = zero_small_entries(X.clone(), 1e-12, rows=rows)
         assert torch.equal(out, expected)
     assert int((expected == 0).sum()) > 0 and int((expected != 0).sum()) > 0
+    # a strided view (the lower-triangle blocks of the float32 preconditioner): only its entries change
+    Y = X.clone()
+    zero_small_entries(Y[5:20, :7], 1e-12)
+    assert torch.equal(Y[5:20, :7], expected[5:20, :7])
+    outside = torch.ones_like(X, dtype=torch.bool)
+    outside[5:20, :7] = False
+    assert torch.equal(Y[outside], X[outside])
