@@ -219,10 +219,11 @@ def cholesky_in_place(
             break
         if flush_below:
             zero_small_entries(A[e:, k:e], flush_below)
-        # L_kk X^T = A^T solved on the transposed view: LAPACK reads it where it lies. The same solve as
-        # X L_kk^T = A (left=False) copied the strided panel first and was 6x slower at M = 20,000 (84 against
-        # 14 ms a panel, float32, 2-core Intel host; 4.5 s of the 52 s float32 FALKON setup)
-        panel = torch.linalg.solve_triangular(L_kk, A[e:, k:e].mT, upper=False).mT
+        # X L_kk^T = A (left=False) copies the strided panel first: 84 ms a 19,616 x 384 float32 panel against
+        # 14 ms for L_kk X^T = A^T on the transposed view, but that orientation's rounding turned
+        # tamielectric's float32 FALKON fit (M = 5,000, 20 iterations) from RMSE 1.0066 into an unconverged
+        # 1.0581, so it was not kept (docs/backend.md, "The float32 setup, 2026-11-27 evening")
+        panel = torch.linalg.solve_triangular(L_kk.mT, A[e:, k:e], upper=True, left=False)
         if flush_below:
             zero_small_entries(panel, flush_below)
         A[e:, k:e] = panel
