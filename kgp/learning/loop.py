@@ -261,54 +261,60 @@ def learn_hyperparameters(
             best.offer(value, len(history))
             return value
 
-        best = BestPoint(trained)
-        white_noise = white_noise_nll(obj, Y, shard)
-        stopped = "budget"
-        try:
-            if optimizer == "adam":
-                opt = torch.optim.Adam(trained, lr=lr)
-                for _ in range(iterations):
+        def lbfgs(step: float, evaluations: int) -> torch.optim.LBFGS:
+            # its own iteration and evaluation counts bound the work
+            return torch.optim.LBFGS(
+                trained, lr=step, max_iter=evaluations, max_eval=evaluations, line_search_fn="strong_wolfe"
+            )
+
+        def run_stage(body, *, needs_a_point: bool) -> str:
+            """Run one stage; how it ended: "budget", "callback", "interrupted" or "failed: ..."."""
+            try:
+                body()
+            except _Stop:
+                return "callback"  # the user's callback asked to stop; keep the best values
+            except KeyboardInterrupt:
+                # Ctrl-C ends the learning, not the fit, once a point exists (issue 27): the solve runs with the
+                # best point found; a second Ctrl-C stops the fit. Ranks of a distributed fit would disagree.
+                if shard is not None or (needs_a_point and best.step == 0):
+                    raise
+                return "interrupted"
+            except (DivergenceError, NotPSDError) as exc:
+                if needs_a_point and best.step == 0:  # no point was evaluated: nothing to fall back to
+                    raise
+                return f"failed: {exc}"
+            return "budget"
+
+        def first_stage() -> None:
+            nonlocal opt
+            if optimizer == "lbfgs":
+                opt = lbfgs(lr, iterations)
+                opt.step(closure)
+                return
+            opt = torch.optim.Adam(trained, lr=lr)
+            for _ in range(iterations):
+                best.offer(evaluate(), len(history))
+                opt.step()
+            limit = loop["max_iterations"] or 0
+            chunk = max(1, iterations // 4)
+            while len(history) < limit and still_falling(history, best.value, white_noise):
+                for _ in range(min(chunk, limit - len(history))):
                     best.offer(evaluate(), len(history))
                     opt.step()
-                limit = loop["max_iterations"] or 0
-                chunk = max(1, iterations // 4)
-                while len(history) < limit and still_falling(history, best.value, white_noise):
-                    for _ in range(min(chunk, limit - len(history))):
-                        best.offer(evaluate(), len(history))
-                        opt.step()
-                if loop["polish_iterations"] and still_falling(history, best.value, white_noise):
-                    # Adam's fixed step size crawls in the narrow valleys of short lengthscales and small
-                    # noise (bike: still falling after 300 steps); L-BFGS from Adam's best point converges there
-                    # in tens of evaluations. Only while still falling: where Adam has converged, converging a
-                    # 3,000-row subset's likelihood further helped two sets and hurt two (keggdirected's NLPD
-                    # fell below SGPR's) (docs/benchmarks/gp-default.md, "Polish")
-                    best.restore()
-                    opt = torch.optim.LBFGS(
-                        trained,
-                        lr=_DEFAULT_LR["lbfgs"],
-                        max_iter=loop["polish_iterations"],
-                        max_eval=loop["polish_iterations"],
-                        line_search_fn="strong_wolfe",
-                    )
-                    opt.step(closure)
-            else:
-                # one L-BFGS run: its own iteration and evaluation counts bound the work
-                opt = torch.optim.LBFGS(
-                    trained, lr=lr, max_iter=iterations, max_eval=iterations, line_search_fn="strong_wolfe"
-                )
+            if loop["polish_iterations"] and still_falling(history, best.value, white_noise):
+                # Adam's fixed step size crawls in the narrow valleys of short lengthscales and small
+                # noise (bike: still falling after 300 steps); L-BFGS from Adam's best point converges there
+                # in tens of evaluations. Only while still falling: where Adam has converged, converging a
+                # 3,000-row subset's likelihood further helped two sets and hurt two (keggdirected's NLPD
+                # fell below SGPR's) (docs/benchmarks/gp-default.md, "Polish")
+                best.restore()
+                opt = lbfgs(_DEFAULT_LR["lbfgs"], loop["polish_iterations"])
                 opt.step(closure)
-        except _Stop:
-            stopped = "callback"  # the user's callback asked to stop; keep the best values
-        except KeyboardInterrupt:
-            # Ctrl-C ends the learning, not the fit, once a point exists (issue 27): the solve runs with the
-            # best point found; a second Ctrl-C stops the fit. Ranks of a distributed fit would disagree.
-            if best.step == 0 or shard is not None:
-                raise
-            stopped = "interrupted"
-        except (DivergenceError, NotPSDError) as exc:
-            if best.step == 0:  # no point was evaluated: nothing to fall back to
-                raise
-            stopped = f"failed: {exc}"
+
+        opt: torch.optim.Optimizer | None = None
+        best = BestPoint(trained)
+        white_noise = white_noise_nll(obj, Y, shard)
+        stopped = run_stage(first_stage, needs_a_point=True)
         if stopped in ("budget", "callback"):
             offer_final_point(best)
         best.restore()
@@ -333,19 +339,9 @@ def learn_hyperparameters(
             terms = getattr(loss_fn, "terms", None) if caps.likelihood else None
             best = BestPoint(trained)  # the values of another objective: not comparable with the first stage's
             budget = loop["refine_iterations"]
-            opt = torch.optim.LBFGS(
-                trained, lr=_DEFAULT_LR["lbfgs"], max_iter=budget, max_eval=budget, line_search_fn="strong_wolfe"
-            )
-            try:
-                opt.step(closure)
-            except _Stop:
-                stopped = "callback"
-            except KeyboardInterrupt:
-                if shard is not None:
-                    raise
-                stopped = "interrupted"
-            except (DivergenceError, NotPSDError) as exc:
-                stopped = f"failed: {exc}"
+            opt = lbfgs(_DEFAULT_LR["lbfgs"], budget)
+            # a failure here falls back on the first stage's point (below)
+            stopped = run_stage(lambda: opt.step(closure), needs_a_point=False)
             if stopped in ("budget", "callback"):
                 offer_final_point(best)
             if best.step == 0:  # no evaluation on the wider rows succeeded: the first stage's point stands
