@@ -29,7 +29,8 @@ from kgp import settings  # noqa: E402
 
 def time_pass(op, v: torch.Tensor, reps: int, rows: int | None) -> float:
     """Best of ``reps`` streamed passes after one warm-up, with ``rows`` rows a block (None: the default)."""
-    with settings.kernel_cache("never"), settings.block_rows(rows):
+    # the blocked pass: on a GPU the fused kernels (which have no blocks) would run otherwise
+    with settings.kernel_cache("never"), settings.block_rows(rows), settings.fused_kernels("never"):
         return best_time(lambda: op.fused_matmul(v), reps, v.device)
 
 

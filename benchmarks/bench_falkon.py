@@ -193,7 +193,8 @@ def main() -> None:
     print(
         f"torch {torch.__version__}, threads {torch.get_num_threads()}, "
         f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}, MKL_NUM_THREADS={os.environ.get('MKL_NUM_THREADS')}, "
-        f"memory budget {kgp.settings.memory_budget.value() / 2**20:.0f} MiB, device {args.device}"
+        f"memory budget {kgp.settings.memory_budget.value() / 2**20:.0f} MiB, device {args.device}, "
+        f"fused kernels {kgp.settings.fused_kernels.value()}"
         + (f" ({torch.cuda.get_device_name(args.device)})" if torch.device(args.device).type == "cuda" else "")
     )
     rows = []

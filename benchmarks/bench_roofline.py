@@ -106,6 +106,7 @@ import kgp  # noqa: E402
 from kgp import settings  # noqa: E402
 from kgp.linalg import cholesky_in_place, gram_of_lower, solve_lower_in_place  # noqa: E402
 from kgp.operators.blocks import ACCELERATOR_BLOCK_BYTES, CPU_BLOCK_BYTES  # noqa: E402
+from kgp.operators.fused_gpu import fused_applies  # noqa: E402
 from kgp.plugin import Problem  # noqa: E402
 
 DEFAULT_JSONL = Path(__file__).resolve().parent / "bench_roofline_runs.jsonl"
@@ -162,6 +163,7 @@ PASS = "kernel pass (streamed)"
 STORED = "kernel pass (stored K)"
 GRAM = "Nystrom Gram K^T K"
 OPERATIONS = (K_MM, CHOL, CHOL_LAPACK, GRAM_LOWER, SOLVE, PRECOND, PASS, STORED, GRAM)
+FUSED = "kernel pass (fused tiles, GPU)"  # only where kgp.operators.fused_gpu runs (a CUDA device, Triton)
 STORED_WIDE = "kernel pass (stored K, float64 sums)"
 
 
@@ -410,10 +412,21 @@ def operations(n: int, m: int, d: int, dtype: torch.dtype, machine: Machine) -> 
     streamed = kgp.kernel_operator(kernel, X, Z)
 
     def streamed_pass():
-        with settings.kernel_cache("never"):
+        with settings.kernel_cache("never"), settings.fused_kernels("never"):
             return streamed.fused_matmul(v)
 
     add(PASS, streamed_pass, nm * (2 * d + 4), pass_compute, pass_memory, bound=pass_compute + pass_memory)
+    with settings.fused_kernels("auto"):
+        fused = fused_applies(streamed, 1)
+    if fused:
+        # the fused kernels keep tiles in registers: no block traffic, so the bound is the compute part
+        # alone (the distance GEMM at the card's rate plus the exponentials), though they form each tile
+        # twice (once per product)
+        def fused_pass():
+            with settings.kernel_cache("never"), settings.fused_kernels("auto"):
+                return streamed.fused_matmul(v)
+
+        add(FUSED, fused_pass, nm * (2 * d + 4), pass_compute, 0.0, bound=pass_compute)
 
     stored_op = kgp.kernel_operator(kernel, X, Z)
     if (n + stored_op.block_rows()) * m * w <= settings.memory_budget.value():
@@ -600,7 +613,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         print(f"\n## {first} / {second} time ratio")
         print("| operation | " + " | ".join(f"M={m}" for m in ms) + " |")
         print("|---|" + "---|" * len(ms))
-        names = [name for name in (*OPERATIONS, STORED_WIDE) if any(key[0] == name for key in seconds)]
+        names = [name for name in (*OPERATIONS, FUSED, STORED_WIDE) if any(key[0] == name for key in seconds)]
         for name in names:
             cells = []
             for m in ms:

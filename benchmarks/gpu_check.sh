@@ -3,7 +3,8 @@
 #
 # Run from the repository root on the GPU machine, after building the wheel here
 # (`.venv/bin/python -m pip wheel --no-deps --no-build-isolation -w .whl .`, .whl/ ignored by git):
-#     bash benchmarks/gpu_check.sh [tests] [benchmarks] [gp] [subset]   # default: tests benchmarks; logs under $OUT
+#     bash benchmarks/gpu_check.sh [tests] [fused] [benchmarks] [gp] [subset]   # default: fused tests benchmarks
+# (logs under $OUT).
 # Each step has its own time limit, so one failure leaves the others' figures. "gp" runs
 # bench_gp_default.py on the card (the default GP and GPyTorch's SGPR / SVGP); it reads the shared data
 # from $KGP_SHARED_DATA (default ./.gpudata: copy ../shared/data/uci/*.csv.gz and the airline .npz there).
@@ -18,10 +19,23 @@ $PY -m pip install -q --no-deps --no-index .whl/kgp-*.whl 2>&1 | tail -3 \
 $PY -c "import torch, gpytorch, kgp; print('torch', torch.__version__, 'gpytorch', gpytorch.__version__,
 'kgp', kgp.__version__, torch.cuda.get_device_name(), [p.name for p in kgp.list_plugins()])" | tee -a "$OUT/gpu.txt"
 
-STEPS=" ${*:-tests benchmarks} "
+STEPS=" ${*:-fused tests benchmarks} "
+if [[ $STEPS == *" fused "* ]]; then
+# first, so that the slower steps cannot take its figures; d = 28 in its own call (the one shape
+# whose first run, 2026-11-27, did not finish within 80 s)
+echo "== the fused pass against the blocked pass and the stored K (one process), d = 8"
+timeout 90 $PY benchmarks/bench_fused_gpu.py --shapes 200000x2000x8,200000x10000x8,200000x20000x8 2>&1 \
+    | tee "$OUT/fused.md"
+echo "== the same at n = 1e6, M = 10,000, d = 28 (RBF)"
+timeout 90 $PY benchmarks/bench_fused_gpu.py --shapes 1000000x10000x28 --families rbf 2>&1 | tee -a "$OUT/fused.md"
+echo "== the 1e6 x 28 row at M = 10,000 (float32): blocked, then fused"
+timeout 60 $PY benchmarks/bench_falkon.py --only-scale --device cuda 2>&1 | tee "$OUT/scale.md"
+KGP_FUSED_KERNELS=auto timeout 90 $PY benchmarks/bench_falkon.py --only-scale --device cuda 2>&1 | tee -a "$OUT/scale.md"
+fi
+
 if [[ $STEPS == *" tests "* ]]; then
 echo "== CUDA-marked tests and the conformance suite (device checks run on cuda)"
-timeout 100 $PY -m pytest -q -p no:cacheprovider -rs -m cuda tests 2>&1 | tee "$OUT/tests.log" | tail -15
+timeout 200 $PY -m pytest -q -p no:cacheprovider -rs -m cuda tests 2>&1 | tee "$OUT/tests.log" | tail -15
 timeout 60 $PY -m pytest -q -p no:cacheprovider tests/test_conformance.py 2>&1 | tee -a "$OUT/tests.log" | tail -4
 
 fi

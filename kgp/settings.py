@@ -38,6 +38,7 @@ __all__ = [
     "Override",
     "block_rows",
     "distributed_timeout",
+    "fused_kernels",
     "kernel_cache",
     "max_exact_size",
     "memory_budget",
@@ -250,6 +251,19 @@ unless asked. ``"auto"``: from the operator's second product on, keep K(X, Z) wh
 ``n * M * itemsize`` fits :data:`memory_budget`; later products read it, 5x (d = 10) to 25x
 (d = 500) faster than recomputing (docs/backend.md). Iterative solvers that reuse one operator
 (FALKON's ``kernel_cache`` option) turn it on for their own loop."""
+
+fused_kernels = _Setting(
+    "fused_kernels",
+    _env_value("KGP_FUSED_KERNELS", "never", _choice("KGP_FUSED_KERNELS", ("auto", "never"))),
+    _choice("fused_kernels", ("auto", "never")),
+)
+"""Whether kernel products on a GPU may run in fused Triton kernels (env ``KGP_FUSED_KERNELS``).
+
+``"never"`` (default): always the blocked pass. ``"auto"``: float32 single-column products with an RBF
+or Matern 3/2 / 5/2 kernel on a CUDA device form kernel tiles in registers when Triton is installed
+(:mod:`kgp.operators.fused_gpu`: 2.5-2.8x faster than the blocked pass with an RBF kernel, 4.9-5.5x
+with Matern 5/2 at d = 8 on an H200; not yet the default, because its one run at d = 28 did not finish,
+docs/backend.md "On a GPU"). The CPU always runs the blocked pass."""
 
 max_exact_size = _Setting("max_exact_size", _env_int("KGP_MAX_EXACT_SIZE", 20_000), _positive_int("max_exact_size"))
 """Largest n for which dense O(n^2)-memory routines (exact solver, exact leverage scores) run."""

@@ -12,6 +12,7 @@ from torch import Tensor
 
 from .autograd import _FusedMatmul
 from .blocks import row_slices
+from .fused_gpu import cols_product, fused_applies, rows_product
 
 __all__ = ["StreamingProducts"]
 
@@ -62,7 +63,10 @@ class StreamingProducts:
             return torch.cat(parts, dim=0)
         scale = self._scale()
         k = v.shape[1]
-        if k == 1:
+        if fused_applies(self, k):
+            with torch.no_grad():
+                out = rows_product(self, v).unsqueeze(1)
+        elif k == 1:
             out = torch.empty(n, 1, dtype=v.dtype, device=v.device)
             for rows, block in self._block_views(0, n, copy=False):
                 torch.mm(block, v, out=out[rows])
@@ -87,6 +91,10 @@ class StreamingProducts:
             return self._reduce(acc if acc is not None else u.new_zeros(m, u.shape[1]))
         scale = self._scale()
         k = u.shape[1]
+        if fused_applies(self, k):
+            with torch.no_grad():
+                out = self._reduce(cols_product(self, u, u.dtype).unsqueeze(1))
+            return out if scale is None else out.mul_(scale)
         # k > 1: accumulate the transpose u^T K, which reads each row-major block far faster (_fused_pass_columns)
         out_t = torch.zeros(k, m, dtype=u.dtype, device=u.device) if k > 1 else None
         out = torch.zeros(m, k, dtype=u.dtype, device=u.device) if k == 1 else None
@@ -205,6 +213,12 @@ class StreamingProducts:
             vs = None
             if v2 is not None:
                 vs = (v2 if scale is None else v2 * scale.to(v2.dtype)).to(dtype)
+            if fused_applies(base, k):
+                u = w2 if vs is None else rows_product(base, vs, w2)
+                out = base._reduce(cols_product(base, u, accumulate).unsqueeze(1))
+                if scale is not None:
+                    out.mul_(scale.to(accumulate))
+                return out.squeeze(-1) if vector else out
             out = torch.zeros(m, k, dtype=accumulate, device=self.x1.device)
             scratch = base._scratch(base.block_rows(), k)
             # k > 1: K v as (v^T K^T)^T, the faster orientation (_fused_pass_columns)
@@ -264,6 +278,9 @@ class StreamingProducts:
         with torch.no_grad():
             # fold the outputscale into v: one m x k product instead of one per block
             vs = v if scale is None else v * scale
+            if fused_applies(self, k):
+                out = self._reduce(cols_product(self, rows_product(self, vs, w), v.dtype).unsqueeze(1))
+                return out if scale is None else out.mul_(scale)
             if k > 1:
                 return self._fused_pass_columns(vs, w, scale)
             out = torch.zeros(m, k, dtype=v.dtype, device=v.device)

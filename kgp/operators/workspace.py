@@ -187,11 +187,7 @@ class BlockWorkspace:
 
     def _block_views(self, start: int, stop: int, copy: bool) -> Iterator[tuple[slice, Tensor]]:
         """Unscaled blocks; from the stored matrix when there is one (copied into the buffer if ``copy``)."""
-        key = (_signature(self.x1, self.x2, *self.hypers), self.distance_dtype)
-        if self._cache.get("key") != key:
-            # an input was modified in place: prepared inputs and stored K are stale
-            self._cache.clear()
-            self._cache["key"] = key
+        self._check_cache()
         if self.recipe.family == "generic":
             yield from self._generic_blocks(start, stop)
             return
@@ -212,6 +208,13 @@ class BlockWorkspace:
                 else:
                     self._fill(rows, out, None if spare is None else spare[:b])
                 yield rows, out
+
+    def _check_cache(self) -> None:
+        """Empty the cache when an input was modified in place (prepared inputs and stored K are stale)."""
+        key = (_signature(self.x1, self.x2, *self.hypers), self.distance_dtype)
+        if self._cache.get("key") != key:
+            self._cache.clear()
+            self._cache["key"] = key
 
     def _generic_blocks(self, start: int, stop: int) -> Iterator[tuple[slice, Tensor]]:
         scale = self._scale()

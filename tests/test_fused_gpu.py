@@ -1,0 +1,226 @@
+"""The fused GPU pass (kgp.operators.fused_gpu) against dense float64 oracles and the blocked pass.
+
+The CUDA tests are skipped without a device (tests/conftest.py). On the CPU only the gating is
+tested: the fused kernels never run there, and the setting validates its value.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import gpytorch
+import pytest
+import torch
+
+import kgp
+from kgp.operators import fused_gpu, products
+from kgp.operators.fused_gpu import fused_applies
+
+F64, F32 = torch.float64, torch.float32
+EPS = {F32: torch.finfo(F32).eps, F64: torch.finfo(F64).eps}
+
+
+def kernel(family: str, d: int, dtype: torch.dtype, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    if family == "rbf":
+        base = gpytorch.kernels.RBFKernel(ard_num_dims=d)
+    else:
+        base = gpytorch.kernels.MaternKernel(nu={"matern32": 1.5, "matern52": 2.5}[family], ard_num_dims=d)
+    k = gpytorch.kernels.ScaleKernel(base).to(dtype).requires_grad_(False)
+    k.outputscale = torch.tensor(1.7, dtype=dtype)
+    k.base_kernel.lengthscale = (0.8 + torch.rand(d, generator=g, dtype=F64)).to(dtype) * d**0.5
+    return k
+
+
+def problem(n: int, m: int, d: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(n, d, generator=g, dtype=F64) + 2.0  # off-center: the operator's centering matters
+    Z = torch.randn(m, d, generator=g, dtype=F64) + 2.0
+    v = torch.randn(m, 1, generator=g, dtype=F64)
+    w = torch.randn(n, 1, generator=g, dtype=F64)
+    return X, Z, v, w
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach().double().cpu(), b.detach().double().cpu()
+    return float((a - b).norm() / b.norm())
+
+
+def tolerance(dtype: torch.dtype, n: int, d: int) -> float:
+    # every kernel entry carries the exponent's rounding, ~eps (d + 2) |u|^2 with |u|^2 ~ d here, and a sum
+    # of n terms adds ~eps sqrt(n) relative; 20x covers both, and is ~1e3x below any real defect
+    return 20 * EPS[dtype] * ((d + 2) * d + n**0.5)
+
+
+def test_fused_kernels_never_run_on_the_cpu():
+    X, Z, _, _ = problem(50, 10, 3)
+    op = kgp.kernel_operator(kernel("rbf", 3, F32), X.float(), Z.float())
+    with kgp.settings.fused_kernels("auto"):
+        assert not fused_applies(op, 1)
+
+
+def test_fused_kernels_setting_validates_its_value_and_is_off_by_default():
+    assert kgp.settings.fused_kernels.value() == "never"
+    with pytest.raises(ValueError, match="fused_kernels"):
+        kgp.settings.fused_kernels("sometimes")
+    with kgp.settings.fused_kernels("auto"):
+        assert kgp.settings.fused_kernels.value() == "auto"
+
+
+def test_fused_kernels_apply_only_where_they_were_measured_faster(monkeypatch):
+    # the gate without a GPU: pretend the interpreter runs the kernels on the CPU
+    monkeypatch.setattr(fused_gpu, "_interpreting", lambda: True)
+    monkeypatch.setattr(fused_gpu, "_kernels", lambda: object())
+    X, Z, _, _ = problem(60, 12, 3)
+    X32, Z32 = X.float(), Z.float()
+
+    def applies(op, k=1, **settings):
+        with kgp.settings.fused_kernels("auto"), kgp.settings.memory_budget(settings.get("budget", 2**31)):
+            return fused_applies(op, k)
+
+    assert applies(kgp.kernel_operator(kernel("rbf", 3, F32), X32, Z32))
+    assert applies(kgp.kernel_operator(kernel("matern32", 3, F32), X32, Z32))
+    assert applies(kgp.kernel_operator(kernel("matern52", 3, F32), X32, Z32))
+    op = kgp.kernel_operator(kernel("rbf", 3, F32), X32, Z32)
+    with kgp.settings.fused_kernels("never"):
+        assert not fused_applies(op, 1)  # the default
+    assert not applies(op, k=2)  # several columns: the blocked pass's GEMMs
+    assert not applies(op, budget=fused_gpu.TUNING_BUDGET - 1)  # tuning would exceed the budget
+    assert not applies(kgp.kernel_operator(kernel("rbf", 3, F64), X, Z))  # float64: measured slower
+    assert not applies(kgp.kernel_operator(kernel("rbf", 3, F32), X32, Z32, distance_dtype=F64))
+    assert not applies(kgp.kernel_operator(kernel("rbf", 3, F32), Z32, Z32))  # K(X, X): exact diagonal
+    m12 = gpytorch.kernels.MaternKernel(nu=0.5)
+    assert not applies(kgp.kernel_operator(m12, X32, Z32))  # needs the blocked small-distance correction
+    with kgp.settings.kernel_cache("auto"):
+        stored = kgp.kernel_operator(kernel("rbf", 3, F32), X32, Z32)
+        with kgp.settings.fused_kernels("never"):
+            stored.fused_matmul(torch.ones(12, 1))
+            stored.fused_matmul(torch.ones(12, 1))  # K is kept from the second product on
+        assert not applies(stored)  # reading the stored K is faster still
+
+
+FAMILIES = ["rbf", "matern32", "matern52"]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fused_products_on_cuda_match_the_dense_oracle(family):
+    n, m, d = 20_000, 700, 6  # several row splits of the K^T u kernel and a partial last tile
+    X, Z, v, w = problem(n, m, d)
+    k64 = kernel(family, d, F64)
+    dense = k64(X, Z).to_dense()
+    oracle = {"Kv": dense @ v, "KTw": dense.T @ w, "fused": dense.T @ (dense @ v + w)}
+    k = kernel(family, d, F32).to("cuda")
+    Xd, Zd, vd, wd = (t.to("cuda", F32) for t in (X, Z, v, w))
+    with torch.no_grad(), kgp.settings.fused_kernels("auto"):
+        op = kgp.kernel_operator(k, Xd, Zd)
+        assert fused_applies(op, 1)
+        got = {"Kv": op @ vd, "KTw": op.mT @ wd, "fused": op.fused_matmul(vd, wd)}
+        wide = op.fused_matmul(vd, wd, accumulate=F64)
+        with kgp.settings.fused_kernels("never"):
+            blocked = kgp.kernel_operator(k, Xd, Zd).fused_matmul(vd, wd)
+    tol = tolerance(F32, n, d)
+    for name, value in got.items():
+        assert value.device.type == "cuda" and value.dtype == F32
+        assert rel(value, oracle[name]) < tol, name
+    assert rel(got["fused"], blocked) < 2 * tol
+    assert wide.dtype == F64 and rel(wide, oracle["fused"]) < tol
+
+
+@pytest.mark.cuda
+def test_fused_pass_on_cuda_allocates_no_kernel_block():
+    n, m, d = 200_000, 4_000, 8
+    X, Z, v, w = problem(n, m, d, seed=1)
+    k = kernel("rbf", d, F32).to("cuda")
+    Xd, Zd, vd, wd = (t.to("cuda", F32) for t in (X, Z, v, w))
+    with torch.no_grad(), kgp.settings.fused_kernels("auto"):
+        op = kgp.kernel_operator(k, Xd, Zd)
+        op.fused_matmul(vd, wd)  # tuning and prepared inputs, outside the measured call
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        start = torch.cuda.memory_allocated()
+        op.fused_matmul(vd, wd)
+        torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - start
+    # the blocked pass holds a 256 MiB block; the fused one only u (n) and the float64 partial sums
+    # (at most 2 x multiprocessors x m)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert extra <= 4 * n + 8 * (2 * sms + 1) * m + 2**20
+
+
+def nystrom_oracle(X, y, Z, Xq, noise: float, k):
+    """Nystrom KRR ``(K_nM^T K_nM + noise K_MM) a = K_nM^T y`` (Rudi et al. 2017, eq. 3), dense float64."""
+    KnM = k(X, Z).to_dense()
+    a = torch.linalg.solve(KnM.T @ KnM + noise * k(Z, Z).to_dense(), KnM.T @ y[:, None])
+    return (k(Xq, Z).to_dense() @ a)[:, 0]
+
+
+@pytest.mark.cuda
+def test_float32_falkon_on_cuda_with_fused_kernels_matches_the_nystrom_oracle(monkeypatch):
+    passes = []
+    monkeypatch.setattr(products, "rows_product", lambda *a, **kw: passes.append(1) or fused_gpu.rows_product(*a, **kw))
+    n, m, d = 4_000, 200, 4
+    X, _, _, _ = problem(n + 400, 1, d, seed=2)
+    y = torch.sin(X[:, 0]) + 0.1 * X[:, 1]
+    Z = X[:m]
+    noise, lengthscale = 0.05, 2.0
+    k64 = gpytorch.kernels.RBFKernel().to(F64).requires_grad_(False)
+    k64.lengthscale = torch.tensor(lengthscale, dtype=F64)
+    oracle = nystrom_oracle(X[:n], y[:n], Z, X[n:], noise, k64)
+    preds = {}
+    for mode in ("auto", "never"):
+        with kgp.settings.fused_kernels(mode):
+            model = kgp.KernelRegressor(
+                "rbf",
+                lengthscale=lengthscale,
+                noise=noise,
+                solver="falkon",
+                centers=Z.to("cuda", F32),
+                # K not stored, so that every CG pass streams (a stored K is read instead of fused)
+                solver_options={"maxiter": 200, "tol": 0.0, "kernel_cache": "never"},
+            ).fit(X[:n].to("cuda", F32), y[:n].to("cuda", F32))
+            preds[mode] = model.predict(X[n:].to("cuda", F32))
+    # as tests/test_cuda.py: converged float32 CG carries the input rounding of K_nM (eps32 per entry)
+    # through a preconditioned system of condition O(1) (Def. 3): a small multiple of sqrt(n) eps32
+    tol = 50 * n**0.5 * EPS[F32]
+    assert len(passes) > 100  # the CG passes ran fused (all but the two-column residual refreshes)
+    assert rel(preds["auto"], oracle) < tol
+    assert rel(preds["never"], oracle) < tol
+
+
+@pytest.mark.skipif(
+    os.environ.get("KGP_TEST_TRITON_INTERPRETER") != "1",
+    reason="Triton's CPU interpreter check runs only with KGP_TEST_TRITON_INTERPRETER=1 and Triton installed",
+)
+def test_fused_kernels_under_the_triton_interpreter_match_the_blocked_pass():
+    # The interpreter runs the same kernel source on the CPU: a check of the kernels' arithmetic on a
+    # machine without a GPU (slow: a few tiles only).
+    script = textwrap.dedent(
+        """
+        import torch
+        import kgp
+        from test_fused_gpu import kernel, problem, rel, tolerance
+        from kgp.operators.fused_gpu import fused_applies
+        kgp.settings.fused_kernels("auto")
+        for family, dtype in (("rbf", torch.float32), ("matern52", torch.float32), ("matern32", torch.float32)):
+            X, Z, v, w = problem(300, 70, 4)
+            k = kernel(family, 4, dtype)
+            X, Z, v, w = (t.to(dtype) for t in (X, Z, v, w))
+            with torch.no_grad():
+                op = kgp.kernel_operator(k, X, Z)
+                assert fused_applies(op, 1)
+                fused = op.fused_matmul(v, w)
+                with kgp.settings.fused_kernels("never"):
+                    blocked = kgp.kernel_operator(k, X, Z).fused_matmul(v, w)
+            assert rel(fused, blocked) < tolerance(dtype, 300, 4), (family, dtype)
+        print("ok")
+        """
+    )
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=env, cwd=os.path.dirname(__file__), capture_output=True, text=True
+    )
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
