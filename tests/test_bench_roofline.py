@@ -43,7 +43,7 @@ def test_quick_run_has_every_operation(roofline, tmp_path, capsys):
             assert set(roofline.OPERATIONS) <= names, (dtype, m, set(roofline.OPERATIONS) - names)
             for name in roofline.OPERATIONS:
                 assert f"| {name} | {m} |" in out
-    assert {r["operation"] for r in rows if r["dtype"] == "float32"} >= {roofline.STORED_WIDE}
+    assert {r["operation"] for r in rows if r["dtype"] == "float32"} >= {roofline.STORED_WIDE, roofline.PRECOND_MIXED}
     for r in rows:
         assert math.isfinite(r["ratio"]) and r["ratio"] > 0, r
         assert r["seconds"] > 0 and r["bound_s"] > 0 and r["threads"] == 1

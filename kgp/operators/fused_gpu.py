@@ -125,7 +125,7 @@ def rows_product(op, v: Tensor, w: Tensor | None = None) -> Tensor:
     v = v.reshape(-1).to(dtype).contiguous()
     w = None if w is None else w.reshape(-1).to(dtype).contiguous()
     rows_kernel(
-        lambda meta: (triton_cdiv(n, meta["BLOCK_N"]),),
+        lambda meta: (_cdiv(n, meta["BLOCK_N"]),),
         rows_t=rows_t,
         cols_t=cols_t,
         v=v,
@@ -153,7 +153,7 @@ def cols_product(op, u: Tensor, out_dtype: torch.dtype) -> Tensor:
     splits = max(1, -(-n // rows_per_split))
     part = torch.empty(splits, m, dtype=torch.float64, device=op.x1.device)
     cols_kernel(
-        lambda meta: (triton_cdiv(m, meta["BLOCK_M"]), splits),
+        lambda meta: (_cdiv(m, meta["BLOCK_M"]), splits),
         rows_t=rows_t,
         cols_t=cols_t,
         u=u.reshape(-1).to(dtype).contiguous(),
@@ -161,7 +161,7 @@ def cols_product(op, u: Tensor, out_dtype: torch.dtype) -> Tensor:
         n=n,
         m=m,
         rows_per_split=rows_per_split,
-        out_dtype=dtype_code(dtype),
+        out_dtype=_triton_dtype(dtype),
         DIM=rows_t.shape[0],
         FAMILY=_FAMILIES[op.recipe.family],
         LOW=low,
@@ -183,11 +183,11 @@ def _rows_per_split(n: int, device: torch.device) -> int:
     return -(-per // 256) * 256
 
 
-def triton_cdiv(a: int, b: int) -> int:
+def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def dtype_code(dtype: torch.dtype):
+def _triton_dtype(dtype: torch.dtype):
     """Triton's scalar type for a torch float dtype (a constexpr argument of the kernels)."""
     import triton.language as tl
 
