@@ -54,10 +54,10 @@ BLOCK = 512
 # 0.263 / 1.96 s with 256 against 0.052 / 0.306 / 2.07 s with 512.
 CHOLESKY_BLOCK = 384
 GRAM_BLOCK = 256
-# Up to this size LAPACK's potrf on a copy is faster than the blocked loop (n = 1,000: 0.008 against
-# 0.016 s in float64, 0.004 against 0.008 s in float32; n = 2,000 in the roofline run of 2026-11-25:
-# 0.019 against 0.030 s in float32, 0.041 against 0.058 s in float64; equal from about 3,000 on), and
-# the copy is at most 32 MB.
+# Up to this size LAPACK's potrf (on A's own memory since 2026-11-27: 0.62x the blocked loop at n = 2,000
+# in both dtypes) is used. Above it the blocked loop stays: potrf was 0.87-0.94x at 3,000-5,000 and
+# 0.93-1.04x at 8,000, too little to change the rounding of the float32 FALKON setup at M = 5,000, where
+# another panel orientation broke a UCI sweep fit (docs/backend.md, "LAPACK in place").
 POTRF_MAX = 2048
 
 
@@ -197,10 +197,7 @@ def cholesky_in_place(
     """
     n = A.shape[-1]
     if block is None and n <= POTRF_MAX:
-        L, info = torch.linalg.cholesky_ex(A)  # reads the lower triangle only
-        if int(info) != 0 or not bool(torch.isfinite(L).all()):
-            raise NotPSDError(_message(A, what, remedy, None))
-        return A.copy_(L)
+        return _potrf_in_place(A, what, remedy)
     block = CHOLESKY_BLOCK if block is None else block
     for k in range(0, n, block):
         e = min(k + block, n)
@@ -230,6 +227,29 @@ def cholesky_in_place(
         for j in range(e, n, block):  # the trailing lower triangle, one block column at a time
             f = min(j + block, n)
             A[j:, j:f].addmm_(panel[j - e :], panel[j - e : f - e].mT, alpha=-1.0)
+    return A
+
+
+def _potrf_in_place(A: Tensor, what: str, remedy: str) -> Tensor:
+    """LAPACK's ``potrf`` on ``A``'s own memory: the lower Cholesky factor written over ``A``.
+
+    A row-major ``A`` is, read column-major, ``A^T``: its upper triangle there is ``A``'s lower one, so the
+    upper factor of ``A.mT`` (written into ``A.mT``, with the other triangle zeroed) is ``L`` in ``A``.
+    Factoring a copy and copying ``L`` back (column-major, so a transposing copy) took 1.6-1.9x as long at
+    n = 2,000 (float32 26.6 against 16.5 ms, float64 40.5 against 25.3 ms; 2-core Intel Xeon host,
+    2026-11-27), as did the finiteness check of every entry: a NaN or infinity anywhere in the lower
+    triangle reaches a later pivot, so the diagonal is checked.
+    """
+    info = torch.empty((), dtype=torch.int32, device=A.device)
+    try:
+        U, info = torch.linalg.cholesky_ex(A.mT, upper=True, out=(A.mT, info))
+    except RuntimeError:  # a backend that refuses an output aliasing the input: factor a copy
+        L, info = torch.linalg.cholesky_ex(A)
+        U = A.copy_(L).mT
+    if U.data_ptr() != A.data_ptr():  # not expected (torch writes out= results into out): copy them there
+        A.copy_(U.mT)
+    if int(info) != 0 or not bool(torch.isfinite(A.diagonal()).all()):
+        raise NotPSDError(_message(A, what, remedy, None))
     return A
 
 

@@ -38,6 +38,28 @@ def test_blocked_cholesky_matches_torch_and_reads_only_the_lower_triangle(n, blo
     assert (L.double() - ref).abs().max() <= tolerance(n, dtype) * ref.abs().max()
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_lapack_path_refuses_a_non_finite_entry_below_the_diagonal(bad):
+    # only the diagonal of the factor is checked: a non-finite entry anywhere in the lower triangle must
+    # reach a later pivot (or make potrf stop)
+    for i, j in ((1, 0), (40, 3), (49, 48)):
+        A = spd(50, torch.float64)
+        A[i, j] = bad
+        with pytest.raises(NotPSDError):
+            cholesky_in_place(A)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_lapack_path_factors_a_strided_view_in_place(dtype):
+    big = spd(120, dtype)
+    view = big[10:110, 10:110]  # not contiguous: rows of 120
+    ref = torch.linalg.cholesky(view.double())
+    L = cholesky_in_place(view)
+    assert L.data_ptr() == view.data_ptr()
+    assert torch.equal(big[10:110, 10:110].triu(1), torch.zeros(100, 100, dtype=dtype))
+    assert (big[10:110, 10:110].double() - ref).abs().max() <= tolerance(100, dtype) * ref.abs().max()
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("transpose", [False, True])
 def test_blocked_triangular_solve(dtype, transpose):
