@@ -241,11 +241,12 @@ def _potrf_in_place(A: Tensor, what: str, remedy: str) -> Tensor:
     triangle reaches a later pivot, so the diagonal is checked.
     """
     info = torch.empty((), dtype=torch.int32, device=A.device)
-    try:
-        U, info = torch.linalg.cholesky_ex(A.mT, upper=True, out=(A.mT, info))
-    except RuntimeError:  # a backend that refuses an output aliasing the input: factor a copy
+    if torch.is_grad_enabled() and A.requires_grad:
+        # out= takes no part in autograd: factor a copy, so that the copy back stays differentiable
         L, info = torch.linalg.cholesky_ex(A)
         U = A.copy_(L).mT
+    else:
+        U, info = torch.linalg.cholesky_ex(A.mT, upper=True, out=(A.mT, info))
     if U.data_ptr() != A.data_ptr():  # not expected (torch writes out= results into out): copy them there
         A.copy_(U.mT)
     if int(info) != 0 or not bool(torch.isfinite(A.diagonal()).all()):

@@ -49,6 +49,16 @@ def test_lapack_path_refuses_a_non_finite_entry_below_the_diagonal(bad):
             cholesky_in_place(A)
 
 
+def test_lapack_path_stays_differentiable_for_an_input_that_requires_grad():
+    B = torch.randn(30, 35, generator=torch.Generator().manual_seed(4), dtype=torch.float64, requires_grad=True)
+    ref = torch.linalg.cholesky(B @ B.mT / 35 + torch.eye(30, dtype=torch.float64))
+    (grad_ref,) = torch.autograd.grad(ref.sum(), B)
+    L = cholesky_in_place(B @ B.mT / 35 + torch.eye(30, dtype=torch.float64))
+    (grad,) = torch.autograd.grad(L.sum(), B)
+    assert torch.allclose(L, ref, rtol=0, atol=1e-13)
+    assert torch.allclose(grad, grad_ref, rtol=0, atol=1e-12 * grad_ref.abs().max())
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_lapack_path_factors_a_strided_view_in_place(dtype):
     big = spd(120, dtype)
