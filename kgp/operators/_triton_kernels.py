@@ -122,9 +122,9 @@ def cols_pass(
 ):
     """Partial sums of ``K^T u``: program ``(j, s)`` sums rows ``[s r, (s + 1) r)`` into ``part[s, j-tile]``.
 
-    A tile's column sums are taken in the kernel's dtype (a tree over ``BLOCK_N`` rows), the running sum
-    over tiles in ``part``'s dtype (float64), and the host sums the splits in float64: no run of more
-    than ``BLOCK_N`` float32 terms, fewer than the blocked path's 16-row runs of ``accumulate``.
+    A tile's column sums are taken in the kernel's dtype (a tree over ``BLOCK_N`` = 32-128 rows, whose
+    rounding grows with log2 of that), the running sum over tiles in ``part``'s dtype (float64), and the
+    host sums the splits in float64: as accurate as the blocked path's 16-row runs of ``accumulate``.
     """
     pid_m = tl.program_id(0)
     pid_s = tl.program_id(1)

@@ -35,8 +35,10 @@ once that is measured.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import warnings
 
 import torch
 from torch import Tensor
@@ -44,7 +46,7 @@ from torch import Tensor
 from .. import settings
 from ..kernels.recipes import _LOG2E, EXP_FLOOR
 
-__all__ = ["fused_applies", "rows_product", "cols_product"]
+__all__ = ["cols_product", "fused_applies", "rows_product", "use_fused"]
 
 _FAMILIES = {"rbf": 0, "matern32": 1, "matern52": 2}
 TUNING_BUDGET = 2**30
@@ -58,7 +60,13 @@ def _kernels():
     """The compiled-on-demand kernels, or ``None`` without Triton (checked once per process)."""
     try:
         from . import _triton_kernels as tk
-    except ImportError:
+    except Exception as exc:  # not installed, or an install that fails to import: the blocked pass runs
+        warnings.warn(
+            f"kgp.settings.fused_kernels('auto'): Triton is not usable ({type(exc).__name__}: {exc}); "
+            "products run the blocked pass",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return None
     if _interpreting():
         # the interpreter has no CUDA events to time configurations with: one fixed tile shape
@@ -66,8 +74,10 @@ def _kernels():
             return lambda grid, **kw: kernel[grid](BLOCK_N=32, BLOCK_M=32, **kw)
 
         return tk, fixed(tk.rows_pass), fixed(tk.cols_pass)
-    rows = tk.autotuned(tk.rows_pass, ["m", "DIM", "FAMILY", "HAS_W"])
-    cols = tk.autotuned(tk.cols_pass, ["m", "DIM", "FAMILY"])
+    # tuned once per compiled variant: a new M or n does not time the configurations again (each timing
+    # runs full passes, seconds at n = 1e6)
+    rows = tk.autotuned(tk.rows_pass, ["DIM", "FAMILY", "HAS_W"])
+    cols = tk.autotuned(tk.cols_pass, ["DIM", "FAMILY"])
     return tk, (lambda grid, **kw: rows[grid](**kw)), (lambda grid, **kw: cols[grid](**kw))
 
 
@@ -75,25 +85,39 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def fused_applies(op, k: int) -> bool:
-    """Whether ``op``'s product with ``k`` columns runs in the fused kernels (the conditions above)."""
+def fused_applies(op, k: int, *rhs: Tensor) -> bool:
+    """Whether ``op``'s product with ``k`` columns (right-hand sides ``rhs``) can run in the fused kernels.
+
+    A pure query (the conditions in the module docstring), except that a stored ``K`` is only seen once
+    it exists; :func:`use_fused` is what the products call.
+    """
     if settings.fused_kernels.value() != "auto" or k != 1 or op.recipe.family not in _FAMILIES:
         return False
     x1 = op.x1
     if x1.dtype != torch.float32 or op.distance_dtype is not None:
         return False
-    if settings.memory_budget.value() < TUNING_BUDGET:
+    n, m = op.shape_nm
+    dim = x1.shape[1] + 2
+    budget = settings.memory_budget.value()
+    # the tuner's 256 MB buffer, and the transposed rows (n x DIM) the kernels read
+    if budget < TUNING_BUDGET or 4 * n * dim * x1.element_size() > budget:
         return False
     if not (x1.device.type == "cuda" or (_interpreting() and x1.device.type == "cpu")):
         return False
-    n, m = op.shape_nm
-    if (x1.shape[1] + 2) * max(n, m) > _INT32_LIMIT or op._needs_grad() or _kernels() is None:
+    if dim * max(n, m) > _INT32_LIMIT or op._needs_grad():
+        return False
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in rhs):
+        return False  # the kernels record no gradient; the blocked path's products do (or refuse)
+    if _kernels() is None:
         return False
     op._check_cache()
-    if op._same_inputs():
-        return False
-    # last: it counts the operator's uses towards storing K (kernel_cache="auto")
-    return op._stored() is None
+    return not op._same_inputs() and op._cache.get("stored") is None
+
+
+def use_fused(op, k: int, *rhs: Tensor) -> bool:
+    """:func:`fused_applies`, then one use of the operator towards storing ``K`` (``kernel_cache="auto"``),
+    as a blocked product counts it: where ``K`` is stored from this use on, the products read it instead."""
+    return fused_applies(op, k, *rhs) and op._stored() is None
 
 
 def _prepared(op) -> tuple[Tensor, Tensor]:
@@ -102,6 +126,7 @@ def _prepared(op) -> tuple[Tensor, Tensor]:
     if "rows_t" not in op._cache:
         n = op.shape_nm[0]
         op._cache["rows_t"] = op._rows(slice(0, n)).T.contiguous()
+        op._cache.pop("rows", None)  # the blocked path rebuilds it if it needs it (O(n d))
     if "cols_t" not in op._cache:
         op._cache["cols_t"] = op._cols().T.contiguous()
     return op._cache["rows_t"], op._cache["cols_t"]
@@ -124,6 +149,12 @@ def rows_product(op, v: Tensor, w: Tensor | None = None) -> Tensor:
     u = torch.empty(n, dtype=dtype, device=op.x1.device)
     v = v.reshape(-1).to(dtype).contiguous()
     w = None if w is None else w.reshape(-1).to(dtype).contiguous()
+    with _on(op.x1.device):
+        _launch_rows(rows_kernel, rows_t, cols_t, v, w, u, n, m, op.recipe.family, low, high)
+    return u
+
+
+def _launch_rows(rows_kernel, rows_t, cols_t, v, w, u, n, m, family, low, high) -> None:
     rows_kernel(
         lambda meta: (_cdiv(n, meta["BLOCK_N"]),),
         rows_t=rows_t,
@@ -134,12 +165,11 @@ def rows_product(op, v: Tensor, w: Tensor | None = None) -> Tensor:
         n=n,
         m=m,
         DIM=rows_t.shape[0],
-        FAMILY=_FAMILIES[op.recipe.family],
+        FAMILY=_FAMILIES[family],
         LOW=low,
         HIGH=high,
         HAS_W=w is not None,
     )
-    return u
 
 
 def cols_product(op, u: Tensor, out_dtype: torch.dtype) -> Tensor:
@@ -149,37 +179,45 @@ def cols_product(op, u: Tensor, out_dtype: torch.dtype) -> Tensor:
     n, m = op.shape_nm
     dtype = op.x1.dtype
     low, high = _bounds(op.recipe.family, dtype)
-    rows_per_split = _rows_per_split(n, op.x1.device)
+    rows_per_split = _rows_per_split(n, m, op.x1.device)
     splits = max(1, -(-n // rows_per_split))
     part = torch.empty(splits, m, dtype=torch.float64, device=op.x1.device)
-    cols_kernel(
-        lambda meta: (_cdiv(m, meta["BLOCK_M"]), splits),
-        rows_t=rows_t,
-        cols_t=cols_t,
-        u=u.reshape(-1).to(dtype).contiguous(),
-        part=part,
-        n=n,
-        m=m,
-        rows_per_split=rows_per_split,
-        out_dtype=_triton_dtype(dtype),
-        DIM=rows_t.shape[0],
-        FAMILY=_FAMILIES[op.recipe.family],
-        LOW=low,
-        HIGH=high,
-    )
+    with _on(op.x1.device):
+        cols_kernel(
+            lambda meta: (_cdiv(m, meta["BLOCK_M"]), splits),
+            rows_t=rows_t,
+            cols_t=cols_t,
+            u=u.reshape(-1).to(dtype).contiguous(),
+            part=part,
+            n=n,
+            m=m,
+            rows_per_split=rows_per_split,
+            out_dtype=_triton_dtype(dtype),
+            DIM=rows_t.shape[0],
+            FAMILY=_FAMILIES[op.recipe.family],
+            LOW=low,
+            HIGH=high,
+        )
     return part.sum(0).to(out_dtype)
 
 
-def _rows_per_split(n: int, device: torch.device) -> int:
+def _on(device: torch.device):
+    """Triton launches on the current CUDA device: make it the operator's (nothing on the CPU)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def _rows_per_split(n: int, m: int, device: torch.device) -> int:
     """Rows one ``cols_pass`` program sums: enough programs to fill the card, at least 4,096 rows each.
 
-    Splits bound the float64 partial buffer (``splits x m``) to twice the multiprocessor count rows.
+    The splits' float64 partial sums (``splits x m``) stay within an eighth of the memory budget and their
+    offsets within int32; there are at most twice as many splits as the card has multiprocessors.
     """
     if device.type == "cuda":
         sms = torch.cuda.get_device_properties(device).multi_processor_count
     else:
         sms = 2
-    per = max(4096, -(-n // (2 * sms)))
+    most = max(1, min(2 * sms, settings.memory_budget.value() // (64 * m), _INT32_LIMIT // m))
+    per = max(4096, -(-n // most))
     return -(-per // 256) * 256
 
 

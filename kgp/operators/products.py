@@ -12,7 +12,7 @@ from torch import Tensor
 
 from .autograd import _FusedMatmul
 from .blocks import row_slices
-from .fused_gpu import cols_product, fused_applies, rows_product
+from .fused_gpu import cols_product, rows_product, use_fused
 
 __all__ = ["StreamingProducts"]
 
@@ -63,7 +63,7 @@ class StreamingProducts:
             return torch.cat(parts, dim=0)
         scale = self._scale()
         k = v.shape[1]
-        if fused_applies(self, k):
+        if use_fused(self, k, v):
             with torch.no_grad():
                 out = rows_product(self, v).unsqueeze(1)
         elif k == 1:
@@ -91,7 +91,7 @@ class StreamingProducts:
             return self._reduce(acc if acc is not None else u.new_zeros(m, u.shape[1]))
         scale = self._scale()
         k = u.shape[1]
-        if fused_applies(self, k):
+        if use_fused(self, k, u):
             with torch.no_grad():
                 out = self._reduce(cols_product(self, u, u.dtype).unsqueeze(1))
             return out if scale is None else out.mul_(scale)
@@ -213,7 +213,7 @@ class StreamingProducts:
             vs = None
             if v2 is not None:
                 vs = (v2 if scale is None else v2 * scale.to(v2.dtype)).to(dtype)
-            if fused_applies(base, k):
+            if use_fused(base, k):
                 u = w2 if vs is None else rows_product(base, vs, w2)
                 out = base._reduce(cols_product(base, u, accumulate).unsqueeze(1))
                 if scale is not None:
@@ -278,7 +278,7 @@ class StreamingProducts:
         with torch.no_grad():
             # fold the outputscale into v: one m x k product instead of one per block
             vs = v if scale is None else v * scale
-            if fused_applies(self, k):
+            if use_fused(self, k):
                 out = self._reduce(cols_product(self, rows_product(self, vs, w), v.dtype).unsqueeze(1))
                 return out if scale is None else out.mul_(scale)
             if k > 1:
