@@ -396,11 +396,15 @@ def operations(n: int, m: int, d: int, dtype: torch.dtype, machine: Machine) -> 
         setup=lambda: rhs.copy_(v),
     )
     problem = Problem(X=X, y=y, kernel=kernel, noise=NOISE, centers=Z)
+
+    def setup(precond_dtype: str):
+        return lambda: build_preconditioner(
+            problem, None, factorization="cholesky", precond_dtype=precond_dtype, jitter=JITTER, rcond=None
+        )
+
     add(
         PRECOND,
-        lambda: build_preconditioner(
-            problem, None, factorization="cholesky", precond_dtype="input", jitter=JITTER, rcond=None
-        ),
+        setup("input"),
         2 * m * m * d + m**3,
         kmm_compute + m**3 / G_rate,
         2.5 * m * m * w / B_rate,  # K_MM written, then three triangles
@@ -413,9 +417,7 @@ def operations(n: int, m: int, d: int, dtype: torch.dtype, machine: Machine) -> 
         kmm64 = 2 * m * m * d / machine.gemm[torch.float64] + m * m / machine.exp[torch.float64]
         add(
             PRECOND_MIXED,
-            lambda: build_preconditioner(
-                problem, None, factorization="cholesky", precond_dtype="mixed", jitter=JITTER, rcond=None
-            ),
+            setup("mixed"),
             2 * m * m * d + m**3,
             kmm64 + m**3 / G_rate,
             (m * m * 8 + 2 * m * m * w + 2 * m * m * 8) / B_rate,  # K_MM, the factors, both widened
