@@ -23,6 +23,8 @@ STEPS=" ${*:-fused tests benchmarks} "
 if [[ $STEPS == *" fused "* ]]; then
 # first, so that the slower steps cannot take its figures; d = 28 in its own call (the one shape
 # whose first run, 2026-11-27, did not finish within 80 s)
+# Triton prints each tuning's time and chosen tile shape (is the d = 28 time tuning, or the kernel?)
+export TRITON_PRINT_AUTOTUNING=1
 echo "== the fused pass against the blocked pass and the stored K (one process), d = 8"
 timeout 90 $PY benchmarks/bench_fused_gpu.py --shapes 200000x2000x8,200000x10000x8,200000x20000x8 2>&1 \
     | tee "$OUT/fused.md"
