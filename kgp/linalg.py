@@ -240,15 +240,13 @@ def _potrf_in_place(A: Tensor, what: str, remedy: str) -> Tensor:
     2026-11-27), as did the finiteness check of every entry: a NaN or infinity anywhere in the lower
     triangle reaches a later pivot, so the diagonal is checked.
     """
-    info = torch.empty((), dtype=torch.int32, device=A.device)
     if torch.is_grad_enabled() and A.requires_grad:
         # out= takes no part in autograd: factor a copy, so that the copy back stays differentiable
         L, info = torch.linalg.cholesky_ex(A)
-        U = A.copy_(L).mT
+        A.copy_(L)
     else:
-        U, info = torch.linalg.cholesky_ex(A.mT, upper=True, out=(A.mT, info))
-    if U.data_ptr() != A.data_ptr():  # not expected (torch writes out= results into out): copy them there
-        A.copy_(U.mT)
+        info = torch.empty((), dtype=torch.int32, device=A.device)
+        _, info = torch.linalg.cholesky_ex(A.mT, upper=True, out=(A.mT, info))
     if int(info) != 0 or not bool(torch.isfinite(A.diagonal()).all()):
         raise NotPSDError(_message(A, what, remedy, None))
     return A

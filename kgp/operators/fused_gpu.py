@@ -121,8 +121,10 @@ def use_fused(op, k: int, *rhs: Tensor) -> bool:
 
 
 def _prepared(op) -> tuple[Tensor, Tensor]:
-    """The augmented inputs, transposed (``DIM x n`` and ``DIM x m``), kept in the operator's cache."""
-    op._check_cache()
+    """The augmented inputs, transposed (``DIM x n`` and ``DIM x m``), kept in the operator's cache.
+
+    Called after :func:`use_fused`, whose gate has already emptied a stale cache.
+    """
     if "rows_t" not in op._cache:
         n = op.shape_nm[0]
         op._cache["rows_t"] = op._rows(slice(0, n)).T.contiguous()
