@@ -78,7 +78,13 @@ def _entry(rank, world, port, out, task, args):
     except Exception as exc:
         result = {"error": type(exc).__name__, "message": str(exc)}
     torch.save(result, Path(out) / f"rank{rank}.pt")
-    # no destroy_process_group: after a failed collective it may wait for the failed peer
+    # No destroy_process_group (after a failed collective it may wait for the failed peer), and no
+    # normal interpreter exit either: with a collective still pending, gloo's teardown can abort the
+    # process ("terminate called without an active exception", exit -6; seen once in CI). The result
+    # is on disk, so leave without running C++ destructors; the exit code then means what the task did.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _task(task):
