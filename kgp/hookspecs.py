@@ -125,7 +125,7 @@ def register_objectives(register) -> None:
     Every kernel product goes through ``problem.kernel_operator`` (or :func:`kgp.kernel_operator`
     on row blocks), never n x n (an objective that needs the dense matrix refuses n above
     ``kgp.settings.max_exact_size.value()``), and n x M only within
-    ``kgp.settings.memory_budget.value()`` bytes. The conformance kit
+    ``kgp.settings.memory_budget.value(device)`` bytes. The conformance kit
     (:class:`kgp.testing.ObjectiveConformance`) checks all of this.
     """
 

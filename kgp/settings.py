@@ -223,18 +223,57 @@ def _default_budget() -> int:
     return int(min(8 * 1024 * _MIB, max(512 * _MIB, physical // 5)))
 
 
-memory_budget = _Setting(
+class _AutomaticBudget(int):
+    """The default budget, marked as chosen by kgp (not by the user), so that a device may lower it."""
+
+    __slots__ = ()
+    __repr__ = int.__repr__
+
+
+def device_memory_budget(device: Any) -> int | None:
+    """A fifth of an accelerator's memory in bytes; None for the CPU (or a device whose memory is the host's).
+
+    The automatic :data:`memory_budget` comes from host RAM, which says nothing about a GPU's memory:
+    on a card smaller than five times the host default (8 GiB: a 16 or 24 GB card on a large host) a
+    stored ``n x M`` matrix at that budget would not fit next to the model's other arrays.
+    """
+    import torch
+
+    device = torch.device(device)
+    backend = getattr(torch, device.type, None) if device.type in ("cuda", "xpu") else None
+    if backend is None or not backend.is_available():
+        return None
+    return int(backend.get_device_properties(device).total_memory) // 5
+
+
+class _MemoryBudget(_Setting):
+    """:data:`memory_budget`: ``value(device)`` caps kgp's automatic default by the device's memory."""
+
+    def value(self, device: Any = None) -> int:
+        """The budget in effect in this thread; for a ``device``, the automatic default at most a fifth of its
+        memory (:func:`device_memory_budget`). A budget the user set (call, ``with`` block, environment) is
+        returned as it is."""
+        budget = super().value()
+        if device is None or not isinstance(budget, _AutomaticBudget):
+            return budget
+        on_device = device_memory_budget(device)
+        return int(budget) if on_device is None else min(int(budget), on_device)
+
+
+memory_budget = _MemoryBudget(
     "memory_budget",
-    _env_int("KGP_MEMORY_BUDGET", _default_budget()),
+    _env_int("KGP_MEMORY_BUDGET", _AutomaticBudget(_default_budget())),
     _positive_int("memory_budget"),
 )
 """Bytes that kernel blocks, and a stored kernel matrix, may use (env ``KGP_MEMORY_BUDGET``).
 
-Default: a fifth of physical memory, clamped to [512 MiB, 8 GiB] (4.8 GB on a 24 GB machine).
-Row blocks are sized for the cache (about 8 MB), far below this budget; the budget matters when
-an operator may keep its whole matrix (:data:`kernel_cache`, FALKON's ``kernel_cache`` option)
-and caps the block size when M is very large. On a GPU the budget is still counted in bytes of
-the operator's device; set it explicitly to fit the device's memory."""
+Default: a fifth of physical memory, clamped to [512 MiB, 8 GiB] (4.8 GB on a 24 GB machine), and for
+arrays on a GPU at most a fifth of the card's memory (``memory_budget.value(device)``; 3.2 GB on a 16 GB
+card). Row blocks are sized for the cache (about 8 MB), far below this budget; the budget matters when
+an operator may keep its whole matrix (:data:`kernel_cache`, FALKON's ``kernel_cache`` option), for the
+dense blocks of the exact and EigenPro solvers, and caps the block size when M is very large. A budget
+you set (a call, a ``with`` block, ``KGP_MEMORY_BUDGET``) applies to every device as it is: on a GPU it
+counts bytes of the card's memory."""
 
 block_rows = _Setting("block_rows", None, _optional_positive_int("block_rows"))
 """Force the number of rows per kernel block (``None``: chosen from the budget and cache size)."""

@@ -41,12 +41,13 @@ from .operators import kernel_operator, plan_block_rows, row_slices
 __all__ = ["VarianceFactors", "check_dense_size", "exact_factors", "nystrom_factors", "latent_variance"]
 
 
-def check_dense_size(n: int, itemsize: int, what: str) -> None:
-    """Refuse a dense ``n x n`` matrix above ``kgp.settings.max_exact_size`` or ``memory_budget``, naming both."""
+def check_dense_size(n: int, itemsize: int, what: str, device: torch.device | None = None) -> None:
+    """Refuse a dense ``n x n`` matrix (on ``device``) above ``kgp.settings.max_exact_size`` or ``memory_budget``,
+    naming both."""
     from . import settings
 
     limit = settings.max_exact_size.value()
-    budget = settings.memory_budget.value()
+    budget = settings.memory_budget.value(device)
     if n > limit or n * n * itemsize > budget:
         raise ValueError(
             f"{what} needs a dense {n:,} x {n:,} matrix ({n * n * itemsize / 2**20:,.0f} MiB); "
@@ -100,7 +101,7 @@ def exact_factors(kernel: gpytorch.kernels.Kernel, X: Tensor, noise: float) -> V
         If the dense ``n x n`` matrix exceeds ``kgp.settings.max_exact_size`` or ``memory_budget`` (issue 25:
         ``return_std`` on an exact model ignored both).
     """
-    check_dense_size(X.shape[0], X.element_size(), "return_std=True on an exact model")
+    check_dense_size(X.shape[0], X.element_size(), "return_std=True on an exact model", X.device)
     with torch.no_grad():
         K = kernel_operator(kernel, X).to_dense()
         K.diagonal().add_(noise)

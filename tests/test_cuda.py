@@ -157,3 +157,10 @@ def test_operator_on_cuda_uses_accelerator_sized_blocks():
     dense = kgp.kernel_operator(rbf(1.0), X.double().cpu(), Z.double().cpu()).to_dense()
     ref = dense.T @ (dense @ v.double().cpu())
     assert rel(op.fused_matmul(v), ref) < 100 * torch.finfo(F32).eps * X.shape[0] ** 0.5
+
+
+def test_automatic_budget_on_the_card_is_at_most_a_fifth_of_its_memory():
+    budget = kgp.settings.memory_budget
+    device = torch.device(DEVICE, torch.cuda.current_device())
+    total = torch.cuda.get_device_properties(device).total_memory
+    assert budget.value(device) == min(budget.value(), total // 5)

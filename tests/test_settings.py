@@ -73,3 +73,60 @@ def test_valid_environment_values_are_used():
     }
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.stdout.split() == ["1000000", "auto"] and out.stderr == ""
+
+
+# ------------------------------------------------------------------ the budget on a GPU
+class _Card:
+    def __init__(self, total_memory):
+        self.total_memory = total_memory
+
+
+@pytest.fixture
+def small_card(monkeypatch):
+    """A CUDA device of 5 MiB as far as kgp's budget can tell (no card needed: nothing is allocated on it)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: _Card(5 * 2**20))
+    return torch.device("cuda", 0)
+
+
+def test_automatic_budget_is_at_most_a_fifth_of_the_card(small_card):
+    budget = kgp.settings.memory_budget
+    host = budget.value()
+    assert host >= 512 * 2**20  # the host default (a fifth of RAM, at least 512 MiB)
+    assert budget.value(small_card) == 2**20  # 5 MiB / 5
+    assert budget.value("cpu") == host and budget.value(None) == host
+    # the row-block planner follows the card's budget: 1 MiB of float64 rows of 1,000 columns
+    from kgp.operators.blocks import plan_block_rows
+
+    assert plan_block_rows(10**6, 1000, 8, device=small_card) <= 2**20 // 8000
+    assert plan_block_rows(10**6, 1000, 8, device="cpu") > 2**20 // 8000
+    with pytest.raises(MemoryError, match="memory_budget=1048576 bytes cannot hold one row"):
+        plan_block_rows(10, 2**20, 8, device=small_card)
+
+
+def test_a_budget_the_user_sets_applies_to_the_card_as_it_is(small_card):
+    budget = kgp.settings.memory_budget
+    before = budget.value()
+    with budget(3 * 2**30):
+        assert budget.value(small_card) == 3 * 2**30
+    try:
+        budget(2**30)  # the plain call: the process default, from now on
+        assert budget.value(small_card) == 2**30
+        budget.set(before)  # restoring the saved automatic value makes it automatic again
+        assert budget.value(small_card) == 2**20
+    finally:
+        budget.set(before)
+
+
+def test_budget_from_the_environment_applies_to_the_card_as_it_is():
+    code = (
+        "import torch, kgp\n"
+        "torch.cuda.is_available = lambda: True\n"
+        "torch.cuda.get_device_properties = lambda device=None: type('P', (), {'total_memory': 5 * 2**20})\n"
+        "print(kgp.settings.memory_budget.value(torch.device('cuda', 0)))"
+    )
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path), "KGP_MEMORY_BUDGET": "1e9"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.stdout.split() == ["1000000000"], out.stderr[-2000:]

@@ -196,7 +196,7 @@ def _recipe_choice(params: Mapping[str, Any], shape: DataShape, auto_solver: boo
         k=shape.k,
         dtype=shape.dtype,
         device=shape.device,
-        memory_budget=settings.memory_budget.value(),
+        memory_budget=settings.memory_budget.value(shape.device),
         max_exact_size=settings.max_exact_size.value(),
         distributed=shape.distributed,
         solver_auto=auto_solver,

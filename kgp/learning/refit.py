@@ -117,7 +117,7 @@ def refit_scale_and_noise(
         )
     n = X.shape[0]
     size = min(rows, n)
-    check_dense_size(size, X.element_size(), f"learn_options['refit_subset']={rows}")
+    check_dense_size(size, X.element_size(), f"learn_options['refit_subset']={rows}", X.device)
     idx = torch.randperm(n, generator=generator)[:size].to(X.device)
     with torch.no_grad():
         base = scaled.base_kernel if scaled is not None else kernel

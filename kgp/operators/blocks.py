@@ -68,7 +68,7 @@ def plan_block_rows(
         If not even one row fits :data:`kgp.settings.memory_budget`.
     """
     forced = settings.block_rows.value()
-    budget = settings.memory_budget.value()
+    budget = settings.memory_budget.value(device)
     per_row = max(1, n_cols) * itemsize * buffers
     by_budget = budget // per_row
     if by_budget < 1:

@@ -98,7 +98,7 @@ def fused_applies(op, k: int, *rhs: Tensor) -> bool:
         return False
     n, m = op.shape_nm
     dim = x1.shape[1] + 2
-    budget = settings.memory_budget.value()
+    budget = settings.memory_budget.value(x1.device)
     # the tuner's 256 MB buffer, and the transposed rows (n x DIM) the kernels read
     if budget < TUNING_BUDGET or 4 * n * dim * x1.element_size() > budget:
         return False
@@ -218,7 +218,7 @@ def _rows_per_split(n: int, m: int, device: torch.device) -> int:
         sms = torch.cuda.get_device_properties(device).multi_processor_count
     else:
         sms = 2
-    most = max(1, min(2 * sms, settings.memory_budget.value() // (64 * m), _INT32_LIMIT // m))
+    most = max(1, min(2 * sms, settings.memory_budget.value(device) // (64 * m), _INT32_LIMIT // m))
     per = max(4096, -(-n // most))
     return -(-per // 256) * 256
 

@@ -70,7 +70,7 @@ class BlockWorkspace:
         itemsize = self.x1.element_size() if self.distance_dtype is None else self.distance_dtype.itemsize
         hypers = self._distance_hypers()
         with torch.no_grad():
-            if (n * (d + 2) * itemsize) * 8 <= settings.memory_budget.value():
+            if (n * (d + 2) * itemsize) * 8 <= settings.memory_budget.value(self.x1.device):
                 full = self.recipe.prepare_rows(self._in_distance_dtype(self.x1), hypers, self._center())
                 full = full.contiguous()
                 self._cache["rows"] = full
@@ -147,7 +147,7 @@ class BlockWorkspace:
         n, m = self.shape_nm
         itemsize = self.x1.element_size()
         spare_rows = self.block_rows() if self.recipe.buffers_needed > 1 else 0
-        if (n + spare_rows) * m * itemsize > settings.memory_budget.value():
+        if (n + spare_rows) * m * itemsize > settings.memory_budget.value(self.x1.device):
             return None
         stored = torch.empty(n, m, dtype=self.x1.dtype, device=self.x1.device)
         spare = torch.empty(spare_rows, m, dtype=stored.dtype, device=stored.device) if spare_rows else None

@@ -44,7 +44,7 @@ class ExactSolver:
                 f"command line: --solver falkon) or raise the limit with kgp.settings.max_exact_size({n}) "
                 f"(environment: KGP_MAX_EXACT_SIZE={n})."
             )
-        budget = settings.memory_budget.value()
+        budget = settings.memory_budget.value(problem.device)
         matrix_bytes = n * n * problem.X.element_size()
         if matrix_bytes > budget:
             raise ValueError(

@@ -138,10 +138,11 @@ class RandomFeatureMap:
         """
         steps = self._check_steps(steps)
         size = X.shape[0] * len(steps) * self.features_per_step * X.element_size()
-        if size > settings.memory_budget.value():
+        budget = settings.memory_budget.value(X.device)
+        if size > budget:
             raise ValueError(
                 f"steps: the feature matrix would take {size / 2**20:.0f} MiB, above kgp.settings.memory_budget "
-                f"({settings.memory_budget.value() / 2**20:.0f} MiB); pass a shorter range of steps or raise the budget"
+                f"({budget / 2**20:.0f} MiB); pass a shorter range of steps or raise the budget"
             )
         root = self.features(X, steps).div_(math.sqrt(max(1, len(steps))))
         return LowRankRootLinearOperator(root)

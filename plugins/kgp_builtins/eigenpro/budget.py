@@ -22,17 +22,17 @@ __all__ = ["ITEMSIZE", "block_rows", "budget_side", "kernel_diagonal"]
 ITEMSIZE = 8
 
 
-def block_rows(cols: int) -> int:
-    """Most rows of a dense ``rows x cols`` float64 block within the budget (at least 1)."""
-    return max(1, settings.memory_budget.value() // (ITEMSIZE * max(cols, 1)))
+def block_rows(cols: int, device: torch.device | None = None) -> int:
+    """Most rows of a dense ``rows x cols`` float64 block on ``device`` within the budget (at least 1)."""
+    return max(1, settings.memory_budget.value(device) // (ITEMSIZE * max(cols, 1)))
 
 
-def budget_side() -> int:
-    """Largest ``k`` with a ``k x k`` float64 block within the budget (at least 1)."""
-    return max(1, math.isqrt(settings.memory_budget.value() // ITEMSIZE))
+def budget_side(device: torch.device | None = None) -> int:
+    """Largest ``k`` with a ``k x k`` float64 block on ``device`` within the budget (at least 1)."""
+    return max(1, math.isqrt(settings.memory_budget.value(device) // ITEMSIZE))
 
 
 def kernel_diagonal(kop, points: Tensor) -> Tensor:
     """Exact ``k(x, x)`` for every point, from square diagonal blocks within the budget."""
-    step = min(512, budget_side())
+    step = min(512, budget_side(points.device))
     return torch.cat([kop(c, c).to_dense().diagonal() for c in points.split(step)])

@@ -84,7 +84,7 @@ def ep2_epoch(
     N = st.points.shape[0]
     perm = torch.randperm(N, generator=generator).to(st.points.device)
     # rows of K(P_b, P) and K(P_b, P_S) per dense block, within kgp.settings.memory_budget
-    chunk = block_rows(max(N, st.pre.points.shape[0]))
+    chunk = block_rows(max(N, st.pre.points.shape[0]), st.points.device)
     total = 0.0
     for start in range(0, N, st.batch):
         b = perm[start : start + st.batch]
@@ -117,7 +117,7 @@ def ep2_setup(
     """Preconditioner (eq. 29-30 on ``K + shift I``), held-out curvature, critical batch and step."""
     N = points.shape[0]
     # held-out blocks K(H, P_S) and K(H, H) within the memory budget; the exact estimate is N x N
-    idx_s, idx_h, exact = draw_subsamples(N, s, min(s, block_rows(s)), generator, points.device)
+    idx_s, idx_h, exact = draw_subsamples(N, s, min(s, block_rows(s, points.device)), generator, points.device)
     pre, Khs, Khh = nystrom_preconditioner(kop, points, idx_s, idx_h, exact, q, shift, white_noise=True)
     pos_in_s = torch.full((N,), -1, dtype=torch.long, device=points.device)
     pos_in_s[idx_s] = torch.arange(idx_s.shape[0], device=points.device)
@@ -172,7 +172,7 @@ class EigenPro2Solver:
         average_epochs = opts["average_epochs"]
         X, y = problem.X, checked_targets(problem)
         n = X.shape[0]
-        s, q = resolve_subsample(owner, n, opts["subsample_size"], opts["q"])
+        s, q = resolve_subsample(owner, n, opts["subsample_size"], opts["q"], device=X.device)
         shift = float(problem.noise) if opts["regularization"] == "ridge" else 0.0
         gen = problem.generator
         kop = problem.kernel_operator

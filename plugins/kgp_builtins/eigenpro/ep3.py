@@ -53,7 +53,7 @@ def _batch_residual_gradient(kop: KernelOpFactory, Xb: Tensor, Z: Tensor, alpha:
     if m == 0:  # a rank holding none of the batch's rows (distributed fit): its part of the sum is 0
         return yb.new_zeros(0, alpha.shape[1]), alpha.new_zeros(p, alpha.shape[1])
     op = kop(Xb, Z)
-    if m * p * Xb.element_size() <= settings.memory_budget.value():
+    if m * p * Xb.element_size() <= settings.memory_budget.value(Xb.device):
         Kb = op.to_dense()
         g = Kb @ alpha - yb
         return g, Kb.T @ g
@@ -103,11 +103,13 @@ class EigenPro3Solver:
         X, y = problem.X, checked_targets(problem)
         rows = Rows(problem)
         n, p = rows.n, Z.shape[0]
-        s, q = resolve_subsample(owner, n, opts["subsample_size"], opts["q"], model_spans_points=p >= n)
+        s, q = resolve_subsample(
+            owner, n, opts["subsample_size"], opts["q"], model_spans_points=p >= n, device=problem.device
+        )
         projection = opts["projection"]
         if projection == "auto":
             # K(Z, Z) is evaluated and factored in float64 whatever the input dtype
-            fits = p * p * ITEMSIZE <= settings.memory_budget.value()
+            fits = p * p * ITEMSIZE <= settings.memory_budget.value(problem.device)
             projection = "cholesky" if fits else "eigenpro2"
         s2, q2 = (None, None)
         if projection == "eigenpro2":
@@ -119,6 +121,7 @@ class EigenPro3Solver:
                 s_name="projection_subsample_size",
                 q_name="projection_q",
                 points="centers",
+                device=problem.device,
             )
         sigma2 = float(problem.noise) if opts["regularization"] == "ridge" else 0.0
         gen = problem.generator
@@ -130,7 +133,7 @@ class EigenPro3Solver:
         with torch.no_grad():
             setup_start = time.perf_counter()
             # held-out blocks K(Z, H) (p x h) and K(H, X_s) within the memory budget
-            h = min(s, block_rows(max(p, s)))
+            h = min(s, block_rows(max(p, s), X.device))
             idx_s, idx_h, exact = draw_subsamples(n, s, h, gen, X.device, exact_cols=max(n, p))
             points, idx_s, idx_h = rows.sample(idx_s, idx_h, exact)
             pre, _, _ = nystrom_preconditioner(kop, points, idx_s, idx_h, exact, q, sigma2, white_noise=False, n=n)

@@ -65,7 +65,7 @@ def draw_subsamples(
     """
     perm = torch.randperm(n, generator=generator)
     idx_s = perm[:s].to(device)
-    fits = block_rows(exact_cols if exact_cols is not None else n) >= n
+    fits = block_rows(exact_cols if exact_cols is not None else n, device) >= n
     if (n <= EXACT_CURVATURE_POINTS and fits) or n - s < 2:
         return idx_s, torch.arange(n, device=device), True
     return idx_s, perm[s : s + max(min(h, n - s), 2)].to(device), False

@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import torch
+
 from kgp.options import InvalidOptionError, Option
 
 from .budget import budget_side
@@ -156,11 +158,12 @@ def resolve_subsample(
     q_name: str = "q",
     points: str = "training points",
     model_spans_points: bool = True,
+    device: torch.device | None = None,
 ) -> tuple[int, int]:
     """Nystrom subsample size ``s <= n_points`` and level ``q < s``.
 
     ``s`` None: ``min(n_points, 2000)``, and at most the side of a square float64 block within
-    ``kgp.settings.memory_budget``. ``q`` None: ``s - 1`` when the subsample is every point and
+    ``kgp.settings.memory_budget`` (on ``device``). ``q`` None: ``s - 1`` when the subsample is every point and
     ``model_spans_points`` (EigenPro 2.0; EigenPro 3.0 with at least as many centers as points): the
     Nystrom eigensystem is then exact and the level rule of :func:`.nystrom.nystrom_preconditioner`
     damps each direction whose curvature exceeds the level (energy 1.16x -> 1.03x FALKON's test
@@ -171,7 +174,7 @@ def resolve_subsample(
     q = 49).
     """
     if s is None:
-        s = min(n_points, DEFAULT_MAX_SUBSAMPLE, budget_side())
+        s = min(n_points, DEFAULT_MAX_SUBSAMPLE, budget_side(device))
     elif s > n_points:
         raise invalid_option(owner, s_name, f"an integer <= {n_points} (the number of {points}) or None", s)
     if q is None:
