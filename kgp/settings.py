@@ -252,7 +252,8 @@ class _MemoryBudget(_Setting):
     def value(self, device: Any = None) -> int:
         """The budget in effect in this thread; for a ``device``, the automatic default at most a fifth of its
         memory (:func:`device_memory_budget`). A budget the user set (call, ``with`` block, environment) is
-        returned as it is."""
+        returned as it is. The automatic value read back and passed again (``memory_budget.set(saved)``, or a
+        call or ``with`` block with it) stays automatic: it restores the default, not a user choice."""
         budget = super().value()
         if device is None or not isinstance(budget, _AutomaticBudget):
             return budget

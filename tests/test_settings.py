@@ -83,11 +83,15 @@ class _Card:
 
 @pytest.fixture
 def small_card(monkeypatch):
-    """A CUDA device of 5 MiB as far as kgp's budget can tell (no card needed: nothing is allocated on it)."""
+    """A CUDA device of 5 MiB as far as kgp's budget can tell (no card needed: nothing is allocated on it),
+    with kgp's automatic default in force (whatever KGP_MEMORY_BUDGET or an earlier test set)."""
     import torch
+
+    from kgp import settings
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: _Card(5 * 2**20))
+    monkeypatch.setattr(settings.memory_budget, "_default", settings._AutomaticBudget(settings._default_budget()))
     return torch.device("cuda", 0)
 
 
@@ -130,3 +134,18 @@ def test_budget_from_the_environment_applies_to_the_card_as_it_is():
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path), "KGP_MEMORY_BUDGET": "1e9"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.stdout.split() == ["1000000000"], out.stderr[-2000:]
+
+
+def test_budget_readers_pass_the_device(small_card):
+    """The dense-matrix refusal (exact variance, refit subsets) and EigenPro's subsample size follow the card."""
+    from kgp_builtins.eigenpro.options import resolve_subsample
+
+    from kgp.variance import check_dense_size
+
+    check_dense_size(300, 8, "a 300-row matrix")  # 720 KB: within the host budget
+    check_dense_size(300, 8, "a 300-row matrix", small_card)  # and within the card's 1 MiB
+    with pytest.raises(ValueError, match="kgp.settings.memory_budget=1,048,576 bytes"):
+        check_dense_size(400, 8, "a 400-row matrix", small_card)  # 1.28 MB
+    # s = min(n, 2000, side of a float64 square within the budget): isqrt(2^20 / 8) = 362 on the card
+    assert resolve_subsample("x", 5000, None, None, device=small_card) == (362, 36)
+    assert resolve_subsample("x", 5000, None, None, device="cpu") == (2000, 200)

@@ -15,7 +15,8 @@ path runs, with identical semantics):
 - float32, with float32 distances: in float64 the FMA loop runs on the card's float64 units (half
   the float32 rate) and ``exp2`` is a software routine, so the fused RBF pass took 1.7x the blocked
   one, whose distance GEMM runs on float64 tensor cores (H200, docs/backend.md);
-- a memory budget of at least :data:`TUNING_BUDGET`;
+- a memory budget of at least :data:`TUNING_BUDGET` (the automatic budget is a fifth of the card's memory at
+  most, so on a card below about 5 GiB only a budget the user sets lets the fused kernels run);
 - the family is ``rbf``, ``matern32`` or ``matern52`` (Matern 1/2 needs the blocked path's exact
   small-distance correction, the other families are GEMMs already);
 - one right-hand-side column (FALKON's conjugate-gradient loop, predictions);

@@ -75,8 +75,9 @@ class FalkonSolver:
         float32 inputs.
     kernel_cache : {"auto", "never"}, default "auto"
         ``"auto"``: keep ``K_nM`` in memory from the second CG pass on when ``n M`` entries fit
-        ``kgp.settings.memory_budget`` (a fifth of RAM by default); later passes then read it
-        instead of recomputing kernel blocks (4-5x faster per pass at d = 10, docs/backend.md).
+        ``kgp.settings.memory_budget`` (a fifth of RAM by default, on a GPU at most a fifth of its memory);
+        later passes then read it instead of recomputing kernel blocks (4-5x faster per pass at d = 10,
+        docs/backend.md).
         ``"never"``: recompute every pass (memory O(M^2) + one block). Never above the budget.
     accumulate : {"auto", "input", "float64"}, default "auto"
         dtype of the sums ``K_nM^T u``; "auto": float64 for float32 inputs (:mod:`.precision`).
