@@ -34,3 +34,27 @@ def test_matern12_blocks_near_zero_distance(d, grad):
     bound = 5 * (d + 2) * torch.finfo(torch.float32).eps * float((2 * norms).sqrt())
     assert (block - expected).abs().max() <= bound
     assert torch.equal(block.diagonal()[:75], torch.ones(75, dtype=torch.float64))  # k(x, x) = 1 exactly
+
+
+@pytest.mark.parametrize("n_hit", [0, 12, 60, 120], ids=["no-row", "few-rows", "half", "all-rows"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_near_zero_pairs_found_whichever_share_of_rows_holds_one(n_hit, dtype):
+    """Rows holding a zero distance are found from the row minima (few rows) or the whole block (half or more):
+    every pair is within the kept bound of the float64 oracle, and the duplicates give exactly 1."""
+    d = 6
+    g = torch.Generator().manual_seed(n_hit)
+    X = (torch.randn(120, d, generator=g, dtype=torch.float64) * 3 + 2).to(dtype)
+    Z = torch.randn(50, d, generator=g, dtype=torch.float64).to(dtype) * 3 + 2
+    rows = torch.randperm(120, generator=g)[:n_hit]
+    cols = torch.randint(0, 50, (n_hit,), generator=g)
+    X[rows] = Z[cols]  # n_hit rows of X duplicate a center
+    kernel = gpytorch.kernels.MaternKernel(nu=0.5).to(dtype)
+    kernel.lengthscale = torch.tensor(1.3, dtype=dtype)  # a Python float goes through float32 in GPyTorch
+    kernel.raw_lengthscale.requires_grad_(False)
+    block = kernel_operator(kernel, X, Z).to_dense().double()
+    Xd, Zd = X.double() / 1.3, Z.double() / 1.3
+    expected = torch.exp(-(Xd.unsqueeze(1) - Zd.unsqueeze(0)).pow(2).sum(-1).sqrt())
+    norms = torch.cat([Xd - Zd.mean(0), Zd - Zd.mean(0)]).pow(2).sum(1).max()
+    bound = 5 * (d + 2) * torch.finfo(dtype).eps * float((2 * norms).sqrt())
+    assert (block - expected).abs().max() <= bound
+    assert torch.equal(block[rows, cols], torch.ones(n_hit, dtype=torch.float64))

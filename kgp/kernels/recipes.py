@@ -373,15 +373,30 @@ def _exact_near_zero(rows: Tensor, cols: Tensor, sq_dist: Tensor) -> None:
     """Recompute, from the differences, the squared distances of ``sq_dist`` that cancellation spoiled.
 
     ``rows`` = ``[u, |u|^2, 1]`` and ``cols`` = ``[-2 v, 1, |v|^2]`` (the Matern augmented inputs).
-    Cost: one comparison pass over the block plus O(d) per recomputed pair (the diagonal and near
+    Cost: a row-minimum pass over the block, a comparison pass over the rows that hold a candidate
+    (all rows only when at least half do), and O(d) per recomputed pair (the diagonal and near
     duplicates, a small share of a block unless the data sit in a tiny region next to far points).
+
+    Why the row minimum first: a full-block comparison and ``nonzero`` cost 3-4x the rest of a float32
+    Laplacian pass (a streamed ``K^T (K v)`` at n = 32,000, M = 5,000 centers drawn from the rows, d = 8,
+    two threads: 0.40 s against 0.11 s without the test), while ``amin`` reads the block at the memory
+    rate; with it the pass takes 0.22 s (float64: 0.55 -> 0.37 s; benchmarks/bench_matern12_pass.py).
     """
+    if not (rows.shape[0] and cols.shape[0]):
+        return
     d = rows.shape[1] - 2
     sq_u, sq_v = rows[:, d], cols[:, d + 1]
-    coarse = _NEAR * float(sq_u.max() + sq_v.max()) if rows.shape[0] and cols.shape[0] else 0.0
-    i, j = (sq_dist < coarse).nonzero(as_tuple=True)
-    if i.numel() == 0:
+    coarse = _NEAR * float(sq_u.max() + sq_v.max())
+    mins = sq_dist.amin(dim=1)
+    # a NaN (a NaN input) hides a row's minimum: such rows are searched entry by entry, as before
+    candidates = ((mins < coarse) | mins.isnan()).nonzero().squeeze(1)
+    if candidates.numel() == 0:
         return
+    if 2 * candidates.numel() < rows.shape[0]:
+        i, j = (sq_dist[candidates] < coarse).nonzero(as_tuple=True)
+        i = candidates[i]
+    else:
+        i, j = (sq_dist < coarse).nonzero(as_tuple=True)
     close = sq_dist[i, j] < _NEAR * (sq_u[i] + sq_v[j])
     i, j = i[close], j[close]
     if i.numel():

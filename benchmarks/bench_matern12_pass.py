@@ -1,0 +1,89 @@
+"""Matern 1/2 (Laplacian) kernel pass: the near-zero test from the row minima against a whole-block scan.
+
+A Matern 1/2 block recomputes from the differences the squared distances that cancellation spoiled
+(``_exact_near_zero`` in kgp/kernels/recipes.py). kgp finds them from each row's minimum first; the
+baseline here is the former whole-block scan (a comparison of every entry with the threshold, then
+``nonzero``), written out below and patched in for its runs. Each shape times one streamed FALKON pass
+``K^T (K v)`` (``kernel_cache("never")``) with kgp's test, with the baseline and with no test at all (the
+floor), all in this process, and checks that kgp's and the baseline's passes are bitwise equal. The
+centers are rows of the data, as with kgp's center selectors, so every center's own row holds a zero
+distance.
+
+Usage::
+
+    .venv/bin/python benchmarks/bench_matern12_pass.py [--device cpu] [--shapes 32000x5000,200000x2000]
+        [--d 8] [--dtypes float32,float64] [--reps 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
+from device_timing import best_time  # noqa: E402
+
+import kgp  # noqa: E402
+from kgp import settings  # noqa: E402
+from kgp.kernels import recipes  # noqa: E402
+
+
+def whole_block_scan(rows: torch.Tensor, cols: torch.Tensor, sq_dist: torch.Tensor) -> None:
+    """The baseline: every entry compared with the coarse threshold, then the same refinement as kgp's."""
+    if not (rows.shape[0] and cols.shape[0]):
+        return
+    d = rows.shape[1] - 2
+    sq_u, sq_v = rows[:, d], cols[:, d + 1]
+    coarse = recipes._NEAR * float(sq_u.max() + sq_v.max())
+    i, j = (sq_dist < coarse).nonzero(as_tuple=True)
+    close = sq_dist[i, j] < recipes._NEAR * (sq_u[i] + sq_v[j])
+    i, j = i[close], j[close]
+    if i.numel():
+        diff = rows[i, :d] + 0.5 * cols[j, :d]
+        sq_dist[i, j] = diff.square().sum(dim=1).to(sq_dist.dtype)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--shapes", default="32000x5000,200000x2000", help="n x M pairs, comma-separated")
+    parser.add_argument("--d", type=int, default=8)
+    parser.add_argument("--dtypes", default="float32,float64")
+    parser.add_argument("--reps", type=int, default=3)
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    kgp_test = recipes._exact_near_zero
+    variants = {"kgp (row minima)": kgp_test, "whole-block scan": whole_block_scan, "no test (floor)": None}
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {device}, d = {args.d}")
+    print("| n | M | dtype | kgp s | whole-block scan s | no test s | scan / kgp | bitwise equal |")
+    print("|---|---|---|---|---|---|---|---|")
+    g = torch.Generator().manual_seed(0)
+    for shape in args.shapes.split(","):
+        n, m = (int(s) for s in shape.split("x"))
+        for name in args.dtypes.split(","):
+            dtype = getattr(torch, name)
+            X = torch.randn(n, args.d, generator=g, dtype=torch.float64).to(device=device, dtype=dtype)
+            Z = X[torch.randperm(n, generator=g)[:m].to(device)].clone()
+            kernel = kgp.kernels.make_kernel("laplacian", 2.0).to(device=device, dtype=dtype).requires_grad_(False)
+            v = torch.randn(m, 1, generator=g, dtype=torch.float64).to(device=device, dtype=dtype)
+            op = kgp.kernel_operator(kernel, X, Z)
+            seconds, results = {}, {}
+            try:
+                for label, test in variants.items():
+                    recipes._exact_near_zero = test if test is not None else (lambda *a: None)
+                    with settings.kernel_cache("never"), settings.fused_kernels("never"):
+                        one_pass = functools.partial(op.fused_matmul, v)
+                        results[label] = one_pass()
+                        seconds[label] = best_time(one_pass, args.reps, device)
+            finally:
+                recipes._exact_near_zero = kgp_test
+            ours, scan, floor = (seconds[k] for k in variants)
+            equal = torch.equal(results["kgp (row minima)"], results["whole-block scan"])
+            print(f"| {n:,} | {m:,} | {name} | {ours:.3f} | {scan:.3f} | {floor:.3f} | {scan / ours:.2f} | {equal} |")
+
+
+if __name__ == "__main__":
+    main()
