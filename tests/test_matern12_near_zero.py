@@ -36,15 +36,19 @@ def test_matern12_blocks_near_zero_distance(d, grad):
     assert torch.equal(block.diagonal()[:75], torch.ones(75, dtype=torch.float64))  # k(x, x) = 1 exactly
 
 
+@pytest.mark.parametrize("outlier", [False, True], ids=["", "far-point"])
 @pytest.mark.parametrize("n_hit", [0, 12, 60, 120], ids=["no-row", "few-rows", "half", "all-rows"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_near_zero_pairs_found_whichever_share_of_rows_holds_one(n_hit, dtype):
-    """Rows holding a zero distance are found from the row minima (few rows) or the whole block (half or more):
-    every pair is within the kept bound of the float64 oracle, and the duplicates give exactly 1."""
+def test_near_zero_pairs_found_whichever_share_of_rows_holds_one(n_hit, dtype, outlier):
+    """Rows holding a zero distance are found from the row minima, then pair by pair: every pair is within
+    the kept bound of the float64 oracle, and the duplicates give exactly 1. A far point (a center 40x
+    the others' spread) makes a block-wide threshold pass most pairs; the pair test must still find these."""
     d = 6
     g = torch.Generator().manual_seed(n_hit)
     X = (torch.randn(120, d, generator=g, dtype=torch.float64) * 3 + 2).to(dtype)
     Z = torch.randn(50, d, generator=g, dtype=torch.float64).to(dtype) * 3 + 2
+    if outlier:
+        Z[7] = 120.0
     rows = torch.randperm(120, generator=g)[:n_hit]
     cols = torch.randint(0, 50, (n_hit,), generator=g)
     X[rows] = Z[cols]  # n_hit rows of X duplicate a center

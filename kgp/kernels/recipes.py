@@ -369,36 +369,49 @@ def kernel_parameters(kernel: gpytorch.kernels.Kernel) -> KernelParameters:
 _NEAR = 1e-2
 
 
+_NEAR_CHUNK = 2**20
+"""Entries per chunk of rows in which :func:`_exact_near_zero` compares each pair with its own threshold (its
+temporaries stay a few MB whatever the block's size)."""
+
+
 def _exact_near_zero(rows: Tensor, cols: Tensor, sq_dist: Tensor) -> None:
     """Recompute, from the differences, the squared distances of ``sq_dist`` that cancellation spoiled.
 
-    ``rows`` = ``[u, |u|^2, 1]`` and ``cols`` = ``[-2 v, 1, |v|^2]`` (the Matern augmented inputs).
-    Cost: a row-minimum pass over the block, a comparison pass over the rows that hold a candidate
-    (all rows only when at least half do), and O(d) per recomputed pair (the diagonal and near
-    duplicates, a small share of a block unless the data sit in a tiny region next to far points).
+    ``rows`` = ``[u, |u|^2, 1]`` and ``cols`` = ``[-2 v, 1, |v|^2]`` (the Matern augmented inputs). A pair
+    is recomputed when ``sq_dist < _NEAR (|u|^2 + |v|^2)``. Cost: a row-minimum pass over the block, then,
+    on the rows whose minimum can pass (``< _NEAR (|u|^2 + max |v|^2)``), that test pair by pair in chunks
+    of :data:`_NEAR_CHUNK` entries, and O(d) per recomputed pair (the diagonal and near duplicates).
 
-    Why the row minimum first: a full-block comparison and ``nonzero`` cost 3-4x the rest of a float32
-    Laplacian pass (a streamed ``K^T (K v)`` at n = 32,000, M = 5,000 centers drawn from the rows, d = 8,
-    two threads: 0.40 s against 0.11 s without the test), while ``amin`` reads the block at the memory
-    rate; with it the pass takes 0.22 s (float64: 0.55 -> 0.37 s; benchmarks/bench_matern12_pass.py).
+    Why not one threshold for the whole block (``_NEAR (max |u|^2 + max |v|^2)``, then the pair test on
+    what passed it), as before: with a few points of large norm that threshold lets most of the block
+    through (58% of the pairs on UCI protein's standardised inputs, where the pair test keeps 0.1%), and
+    the follow-up on those pairs made a float32 Laplacian pass 27x the time of the same pass without the
+    test (the benchmark's "far" shape; protein: 3.4 s against 0.9 s with this test); even where the
+    threshold is tight, comparing the whole block and its ``nonzero`` cost 3-4x the
+    rest of the pass, while ``amin`` reads the block at the memory rate (benchmarks/bench_matern12_pass.py,
+    docs/backend.md "Matern 1/2 (Laplacian) blocks").
     """
     if not (rows.shape[0] and cols.shape[0]):
         return
     d = rows.shape[1] - 2
     sq_u, sq_v = rows[:, d], cols[:, d + 1]
-    coarse = _NEAR * float(sq_u.max() + sq_v.max())
+    # a row can hold a pair only if its minimum is below its largest threshold (1% margin for rounding);
+    # a NaN (a NaN input) hides the minimum, so such rows are tested pair by pair
     mins = sq_dist.amin(dim=1)
-    # a NaN (a NaN input) hides a row's minimum: such rows are searched entry by entry, as before
-    candidates = ((mins < coarse) | mins.isnan()).nonzero().squeeze(1)
+    candidates = ((mins < 1.01 * _NEAR * (sq_u + sq_v.max())) | mins.isnan()).nonzero().squeeze(1)
     if candidates.numel() == 0:
         return
-    if 2 * candidates.numel() < rows.shape[0]:
-        i, j = (sq_dist[candidates] < coarse).nonzero(as_tuple=True)
-        i = candidates[i]
-    else:
-        i, j = (sq_dist < coarse).nonzero(as_tuple=True)
-    close = sq_dist[i, j] < _NEAR * (sq_u[i] + sq_v[j])
-    i, j = i[close], j[close]
+    step = max(1, _NEAR_CHUNK // cols.shape[0])
+    every_row = candidates.numel() == rows.shape[0]
+    found_i, found_j = [], []
+    for start in range(0, candidates.numel(), step):
+        picked = candidates[start : start + step]
+        # the rows themselves (a view) when every row is a candidate, else a gathered copy of the chunk
+        part = sq_dist[start : start + picked.numel()] if every_row else sq_dist[picked]
+        pi, pj = (part < _NEAR * (sq_u[picked, None] + sq_v)).nonzero(as_tuple=True)
+        found_i.append(picked[pi])
+        found_j.append(pj)
+    i, j = torch.cat(found_i), torch.cat(found_j)
     if i.numel():
         diff = rows[i, :d] + 0.5 * cols[j, :d]  # u - v, cols holding -2 v
         sq_dist[i, j] = diff.square().sum(dim=1).to(sq_dist.dtype)
