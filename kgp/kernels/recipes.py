@@ -368,7 +368,6 @@ def kernel_parameters(kernel: gpytorch.kernels.Kernel) -> KernelParameters:
 # absolute error of about 5 (d + 2) eps sqrt(|u|^2 + |v|^2) in the kernel value.
 _NEAR = 1e-2
 
-
 _NEAR_CHUNK = 2**20
 """Entries per chunk of rows in which :func:`_exact_near_zero` compares each pair with its own threshold (its
 temporaries stay a few MB whatever the block's size)."""
@@ -386,10 +385,10 @@ def _exact_near_zero(rows: Tensor, cols: Tensor, sq_dist: Tensor) -> None:
     what passed it), as before: with a few points of large norm that threshold lets most of the block
     through (58% of the pairs on UCI protein's standardised inputs, where the pair test keeps 0.1%), and
     the follow-up on those pairs made a float32 Laplacian pass 27x the time of the same pass without the
-    test (the benchmark's "far" shape; protein: 3.4 s against 0.9 s with this test); even where the
-    threshold is tight, comparing the whole block and its ``nonzero`` cost 3-4x the
-    rest of the pass, while ``amin`` reads the block at the memory rate (benchmarks/bench_matern12_pass.py,
-    docs/backend.md "Matern 1/2 (Laplacian) blocks").
+    test (the benchmark's "far" shape; protein: 3.4 s against 0.9 s with this test). Even where the
+    threshold is tight, comparing the whole block and its ``nonzero`` cost 3-4x the rest of the pass,
+    while ``amin`` reads the block at the memory rate (benchmarks/bench_matern12_pass.py, docs/backend.md
+    "Matern 1/2 (Laplacian) blocks").
     """
     if not (rows.shape[0] and cols.shape[0]):
         return
