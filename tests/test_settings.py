@@ -149,3 +149,13 @@ def test_budget_readers_pass_the_device(small_card):
     # s = min(n, 2000, side of a float64 square within the budget): isqrt(2^20 / 8) = 362 on the card
     assert resolve_subsample("x", 5000, None, None, device=small_card) == (362, 36)
     assert resolve_subsample("x", 5000, None, None, device="cpu") == (2000, 200)
+
+
+def test_device_memory_budget_is_a_fifth_of_the_card_and_none_on_the_cpu(small_card):
+    from kgp import settings
+
+    assert settings.device_memory_budget(small_card) == 2**20  # 5 MiB / 5
+    assert settings.device_memory_budget("cuda") == 2**20  # no index: the current device
+    assert settings.device_memory_budget("cpu") is None and settings.device_memory_budget("meta") is None
+    with pytest.raises(RuntimeError, match="gpu"):
+        settings.device_memory_budget("gpu")  # not a device name: torch's error names it
