@@ -252,25 +252,21 @@ def _potrf_in_place(A: Tensor, what: str, remedy: str) -> Tensor:
     return A
 
 
-FLUSH_ELEMENTS = 2**20
-"""Entries per chunk of :func:`zero_small_entries`: its temporaries (the magnitudes and the mask, 5 MiB in
-float32) stay small enough to be reused by the allocator. Chunks of 1,024 rows of a 10,000-column float32
-matrix (40 MB temporaries) took 0.58 s a pass, against 0.13 s for 512 or 128 rows (2-core Intel Xeon host,
-2026-11-27): the larger temporaries are mapped and page-faulted afresh for every chunk."""
-
-
 def zero_small_entries(X: Tensor, threshold: float, *, rows: int | None = None) -> Tensor:
-    """Set the entries of ``X`` smaller than ``threshold`` in magnitude to 0, in place, ``rows`` rows at a time.
+    """Set the entries of ``X`` smaller than ``threshold`` in magnitude to 0, in place (NaN and inf are kept).
 
-    Keeps subnormal numbers out of float32 factorizations (see ``cholesky_in_place``'s ``flush_below``);
-    by row blocks so that the boolean mask is never the size of ``X`` (None: about
-    :data:`FLUSH_ELEMENTS` entries a block).
+    Keeps subnormal numbers out of float32 factorizations (see ``cholesky_in_place``'s ``flush_below``).
+    ``threshold`` is rounded to ``X``'s dtype, as a comparison of ``X`` with it would be. One pass of
+    ``torch.hardshrink`` written over ``X``, which zeroes ``|x| <= lambd``: ``lambd`` is the largest value
+    of the dtype below the threshold. It replaced a magnitude, a mask and a masked fill (three passes and
+    two temporaries): 0.19 s against 2.04 s for a 20,000 x 20,000 float32 matrix (2-core Intel Xeon host,
+    two passive threads, 2026-11-28). ``rows``: rows per call (None: all of ``X`` at once).
     """
-    if rows is None:
-        rows = max(1, FLUSH_ELEMENTS // max(1, X.shape[-1]))
-    for r in range(0, X.shape[0], rows):
+    lambd = float(torch.nextafter(torch.tensor(threshold, dtype=X.dtype), torch.tensor(0.0, dtype=X.dtype)))
+    rows = X.shape[0] if rows is None else rows
+    for r in range(0, X.shape[0], max(1, rows)):
         part = X[r : r + rows]
-        part.masked_fill_(part.abs() < threshold, 0.0)
+        torch.hardshrink(part, lambd, out=part)
     return X
 
 

@@ -170,6 +170,37 @@ def test_mixed_factors_hold_no_subnormal_float32_values(monkeypatch):
     assert float((prec.T.mT @ prec.T - G).abs().max()) < 50 * EPS32 * float(G.diagonal().max())
 
 
+@pytest.mark.parametrize("potrf_max", [256, None])  # the blocked Cholesky, and LAPACK's potrf (M <= POTRF_MAX)
+def test_float64_factors_hold_no_subnormal_values(monkeypatch, potrf_max):
+    # the same trap in float64: K_MM's values below 2^-511 have subnormal products in the factorizations'
+    # GEMMs (UCI parkinsons: a 78 s setup instead of 1.2 s on an Intel host). They are flushed
+    # (tiny_fraction(float64) = 2^-511 of the scale) and the factors keep float64's backward error.
+    if potrf_max is not None:
+        monkeypatch.setattr(kgp.linalg, "POTRF_MAX", potrf_max)
+    X, y = data(1100, d=2, seed=4)
+    X = X * 20
+    Z = X[:900]
+    problem = problem_of(X, y, Z, 0.1)
+    prec = falkon_prec.build_preconditioner(
+        problem, None, factorization="cholesky", precond_dtype="float64", jitter=JITTER, rcond=None
+    )
+    assert prec.dtype == F64 and prec.precision == ""
+    tiny = torch.finfo(F64).tiny
+    for factor in (prec.T, prec.A):
+        assert int(((factor != 0) & (factor.abs() < tiny)).sum()) == 0
+    G = kgp.kernel_operator(rbf(1.0), Z, Z).to_dense()
+    # kgp's kernels floor exp at about 1e-304, but products of such entries are subnormal: the matrix has many
+    assert int(((G != 0) & (G.abs() < falkon_prec.tiny_fraction(F64))).sum()) > 1000
+    G.diagonal().add_(prec.shift)
+    # Cholesky's backward error, of order M eps |L| |L^T| (Higham, Thm 10.3); a flush at a threshold far above
+    # 2^-511 of the scale (1e-12, say) would exceed it
+    bound = 4 * Z.shape[0] * torch.finfo(F64).eps
+    assert float((prec.T.mT @ prec.T - G).abs().max()) < bound * float(G.diagonal().max())
+    P = prec.T @ prec.T.mT / Z.shape[0]
+    P.diagonal().add_(problem.lam)
+    assert float((prec.A.mT @ prec.A - P).abs().max()) < bound * float(P.diagonal().max())
+
+
 @pytest.mark.parametrize("dtype,expected", [(F32, "mixed"), (F64, "float64")])
 def test_precond_dtype_auto_follows_the_input_dtype(dtype, expected):
     X, y = data(300, dtype=dtype)

@@ -156,10 +156,21 @@ def test_zero_small_entries_equals_a_dense_where_by_any_row_block():
     g = torch.Generator().manual_seed(5)
     X = torch.randn(37, 11, generator=g, dtype=torch.float64) * torch.logspace(-30, 0, 11, dtype=torch.float64)
     expected = torch.where(X.abs() < 1e-12, torch.zeros_like(X), X)
-    for rows in (1, 8, 37, 100, None):  # None: blocks of about FLUSH_ELEMENTS entries
+    for rows in (1, 8, 37, 100, None):  # None: all rows at once
         out = zero_small_entries(X.clone(), 1e-12, rows=rows)
         assert torch.equal(out, expected)
     assert int((expected == 0).sum()) > 0 and int((expected != 0).sum()) > 0
+    # strictly below the threshold (rounded to the dtype), as a comparison: an entry equal to it is kept
+    for dtype in (torch.float32, torch.float64):
+        t = float(torch.tensor(1e-12, dtype=dtype))
+        below = float(torch.nextafter(torch.tensor(t, dtype=dtype), torch.tensor(0.0, dtype=dtype)))
+        Z = torch.tensor([t, -t, below, -below, 0.0, float("nan"), float("inf"), -float("inf"), 1.0], dtype=dtype)
+        out = zero_small_entries(Z.clone().reshape(3, 3), 1e-12).reshape(-1)
+        keep = torch.tensor([1, 1, 0, 0, 0, 1, 1, 1, 1], dtype=torch.bool)
+        assert torch.equal(out[~keep], torch.zeros(3, dtype=dtype))
+        assert torch.equal(out[keep].nan_to_num(), Z[keep].nan_to_num()) and bool(out[5].isnan())
+        # a threshold of 0 or below zeroes nothing
+        assert torch.equal(zero_small_entries(Z.clone(), 0.0).nan_to_num(), Z.nan_to_num())
     # a strided view (the lower-triangle blocks of the float32 preconditioner): only its entries change
     Y = X.clone()
     zero_small_entries(Y[5:20, :7], 1e-12)

@@ -12,10 +12,12 @@ scipy's ``?lauum`` + ``?potrf`` built ``A`` before: the bundled OpenBLAS ``?lauu
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
-from kgp.linalg import cholesky_in_place, gram_of_lower
+from kgp.linalg import cholesky_in_place, gram_of_lower, zero_small_entries
 
 __all__ = ["pivoted_cholesky", "upper_cholesky_of_scaled_product"]
 
@@ -27,10 +29,13 @@ def upper_cholesky_of_scaled_product(
     *,
     what: str = "scale * L^T L + shift * I",
     remedy: str = "",
+    tiny: float = 0.0,
 ) -> Tensor:
     """Upper triangular ``A`` with ``A^T A = scale * L^T L + shift * I`` (``L`` lower, strict upper zero).
 
     Returns the transpose view of a lower factor: one new ``M x M`` array at the peak, on L's device.
+    ``tiny``: entries of the product and of its factor below ``tiny`` times their scale (the mean diagonal,
+    its square root) are set to 0, to keep subnormal numbers out of the GEMMs (0: nothing is changed).
 
     Raises
     ------
@@ -39,7 +44,12 @@ def upper_cholesky_of_scaled_product(
     """
     P = gram_of_lower(L)
     P.mul_(scale).diagonal().add_(shift)
-    return cholesky_in_place(P, what=what, remedy=remedy).mT
+    root = math.sqrt(abs(float(P.diagonal().mean())))
+    if not tiny or not math.isfinite(root):
+        return cholesky_in_place(P, what=what, remedy=remedy).mT
+    zero_small_entries(P, tiny * root * root)
+    A = cholesky_in_place(P, what=what, remedy=remedy, flush_below=tiny * root)
+    return zero_small_entries(A, tiny * root).mT  # LAPACK's potrf (M <= POTRF_MAX) does not flush
 
 
 def pivoted_cholesky(G: Tensor, tol: float) -> tuple[Tensor, Tensor]:

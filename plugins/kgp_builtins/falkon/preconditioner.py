@@ -38,7 +38,7 @@ Numerics (see docs/solvers/falkon.md for the measurements behind these choices):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -46,6 +46,7 @@ from torch import Tensor
 from kgp.linalg import NotPSDError, cholesky_in_place, gram_of_lower, largest_eigenvalue, zero_small_entries
 from kgp.options import InvalidOptionError
 from kgp.plugin import Problem
+from kgp.triangular import LowerFactor
 
 from .lapack import pivoted_cholesky, upper_cholesky_of_scaled_product
 
@@ -84,6 +85,9 @@ class Preconditioner:
     shift: float = 0.0  # Cholesky path: T^T T = D K_MM D + shift I (absolute jitter)
     jitter: float = 0.0  # the same, relative to the mean diagonal of D K_MM D
     precision: str = ""  # "mixed": T and A factored in float32 and widened (mixed_cholesky)
+    # T^T and A^T prepared for the CG's repeated solves (kgp.triangular), built at the first solve: after
+    # a distributed fit has replicated T and A in place
+    _factors: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def rank(self) -> int:
@@ -91,6 +95,13 @@ class Preconditioner:
         if self.Q is not None:
             return self.Q.shape[1]
         return self.T.shape[0]
+
+    def _solve(self, name: str, v: Tensor, *, upper: bool) -> Tensor:
+        """``T^{-1} v`` / ``A^{-1} v`` (``upper``) or ``T^{-T} v`` / ``A^{-T} v``, for ``name`` "T" or "A"."""
+        factor = self._factors.get(name)
+        if factor is None:
+            factor = self._factors[name] = LowerFactor(getattr(self, name).mT)
+        return factor.solve(v, transpose=upper)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -100,8 +111,8 @@ class Preconditioner:
     def apply(self, u: Tensor) -> Tensor:
         """``B' u = D Q T^{-1} A^{-1} u`` (q x k -> M x k)."""
         if self.T is not None:
-            v = torch.linalg.solve_triangular(self.A, u, upper=True)
-            v = torch.linalg.solve_triangular(self.T, v, upper=True)
+            v = self._solve("A", u, upper=True)
+            v = self._solve("T", v, upper=True)
             if self.keep is not None:
                 full = v.new_zeros(self.m, v.shape[1])
                 full[self.keep] = v
@@ -117,8 +128,8 @@ class Preconditioner:
         if self.T is not None:
             if self.keep is not None:
                 v = v[self.keep]
-            u = torch.linalg.solve_triangular(self.T.mT, v, upper=False)
-            return torch.linalg.solve_triangular(self.A.mT, u, upper=False)
+            u = self._solve("T", v, upper=False)
+            return self._solve("A", u, upper=False)
         return (self.Q.mT @ v) / (self.t_diag * self.a_diag).unsqueeze(-1)
 
     def regulariser(self, u: Tensor) -> Tensor:
@@ -130,11 +141,11 @@ class Preconditioner:
         ``O(M^2 k)``, when ``shift > 0``.
         """
         if self.T is not None:
-            w = torch.linalg.solve_triangular(self.A, u, upper=True)
+            w = self._solve("A", u, upper=True)
             if self.shift:
-                x = torch.linalg.solve_triangular(self.T, w, upper=True)
-                w = w - self.shift * torch.linalg.solve_triangular(self.T.mT, x, upper=False)
-            return self.lam * torch.linalg.solve_triangular(self.A.mT, w, upper=False)
+                x = self._solve("T", w, upper=True)
+                w = w - self.shift * self._solve("T", x, upper=False)
+            return self.lam * self._solve("A", w, upper=False)
         return self.lam * u / self.a_diag.square().unsqueeze(-1)
 
     def forward(self, u: Tensor) -> tuple[Tensor, Solves]:
@@ -146,8 +157,8 @@ class Preconditioner:
         """
         if self.T is None:
             return self.apply(u), Solves(u=u)
-        a_inv_u = torch.linalg.solve_triangular(self.A, u, upper=True)
-        t_inv = torch.linalg.solve_triangular(self.T, a_inv_u, upper=True)
+        a_inv_u = self._solve("A", u, upper=True)
+        t_inv = self._solve("T", a_inv_u, upper=True)
         v = t_inv
         if self.keep is not None:
             v = t_inv.new_zeros(self.m, t_inv.shape[1])
@@ -172,8 +183,8 @@ class Preconditioner:
             kv = kv[self.keep]
         if self.shift:
             kv = kv - (self.lam * self.shift) * solves.t_inv
-        x = torch.linalg.solve_triangular(self.T.mT, kv, upper=False)
-        return torch.linalg.solve_triangular(self.A.mT, x + self.lam * solves.a_inv_u, upper=False)
+        x = self._solve("T", kv, upper=False)
+        return self._solve("A", x + self.lam * solves.a_inv_u, upper=False)
 
 
 @dataclass
@@ -198,6 +209,9 @@ def gram(problem: Problem, work: torch.dtype, d: Tensor | None, *, symmetric: bo
         G.mul_(d.unsqueeze(0)).mul_(d.unsqueeze(1))
     if symmetric:
         G.add_(G.mT.clone()).mul_(0.5)  # symmetric to the last bit
+    scale = float(G.diagonal().abs().mean())
+    if scale > 0 and math.isfinite(scale):  # both triangles: the pivoted path and eigh read them
+        zero_small_entries(G, tiny_fraction(work) * scale)
     return G
 
 
@@ -259,7 +273,9 @@ def build_preconditioner(
                 what="solver 'falkon': D K_MM D + jitter * mean(diag) * I",
                 remedy="K_MM is rank deficient (e.g. duplicate centers); use solver option "
                 "factorization='auto', 'pivoted' or 'eigh', or a larger 'jitter'",
+                flush_below=tiny_fraction(work) * math.sqrt(mean_diag + shift),
             )
+            _flush_tiny(L, math.sqrt(mean_diag + shift))  # LAPACK's potrf (M <= POTRF_MAX) did not flush
         except NotPSDError:
             if method == "cholesky":
                 raise
@@ -327,6 +343,7 @@ def from_cholesky(
         lam,
         what="solver 'falkon': T T^T / M + lambda I (A of Def. 3)",
         remedy="use solver option precond_dtype='float64', or a larger noise",
+        tiny=tiny_fraction(L.dtype),
     )
     method = "cholesky" if keep is None else "pivoted"
     return Preconditioner(lam=lam, d=d, T=T, A=A, keep=keep, m=m, method=method, shift=shift)
@@ -346,15 +363,27 @@ WIDEN_BYTES = 8 * 2**20
 at 1,024 rows (160 MB at M = 20,000) every temporary was freshly mapped and faulted in, and the widening took
 2.8 s against 0.43 s with 8 MiB blocks (kin40k's centers, 2-core Intel host, 2026-11-27)."""
 
+
+def tiny_fraction(dtype: torch.dtype) -> float:
+    """The square root of ``dtype``'s smallest normal number: entries of the preconditioner's matrices below
+    this fraction of their scale are set to 0, so that no product of two kept entries is subnormal (2^-63
+    in float32, 2^-511 in float64). :data:`TINY_FRACTION` says why, for float32; float64 has the same trap.
+    On UCI parkinsons (M = 4,700, short lengthscales: ``K_MM`` holds values down to e^-740, subnormal in
+    float64) the float64 setup took 78 s against 1.2 s for the float32 one on the 2-core Intel Xeon host
+    (2026-11-28), almost all of it in the Cholesky's and ``L^T L``'s GEMMs; the change to each matrix is
+    below 1e-150 of its scale."""
+    return math.sqrt(torch.finfo(dtype).tiny)
+
+
 TINY_FRACTION = 2.0**-63
 """Entries of the float32 matrices below this fraction of their scale are set to 0 (``_flush_tiny``).
 
-2^-63 is about the square root of float32's smallest normal number, so no product of two kept entries is
-subnormal. Subnormal operands and results make the float32 GEMMs inside the factorizations slow on some
-CPUs: on bike (M = 5,000, short lengthscales, so K_MM holds values down to e^-700 that float32 rounds into
-the subnormal range) the mixed-precision setup took 15.3 s on a 2-core Intel Xeon against 1.4 s for the
-float64 one (2026-11-27). The change to a matrix is below 1e-19 of its scale, under float32's own rounding
-(6e-8) by eleven orders of magnitude."""
+2^-63 (``tiny_fraction(torch.float32)``) is the square root of float32's smallest normal number, so no
+product of two kept entries is subnormal. Subnormal operands and results make the float32 GEMMs inside the
+factorizations slow on some CPUs: on bike (M = 5,000, short lengthscales, so K_MM holds values down to
+e^-700 that float32 rounds into the subnormal range) the mixed-precision setup took 15.3 s on a 2-core Intel
+Xeon against 1.4 s for the float64 one (2026-11-27). The change to a matrix is below 1e-19 of its scale,
+under float32's own rounding (6e-8) by eleven orders of magnitude."""
 
 
 def _lower_blocks(M: int):
@@ -364,7 +393,7 @@ def _lower_blocks(M: int):
 
 
 def _flush_tiny(X: Tensor, scale: float) -> None:
-    """Set the lower triangle's entries of ``X`` below ``TINY_FRACTION * scale`` in magnitude to 0, in place.
+    """Set the lower triangle's entries of ``X`` below ``tiny_fraction(X.dtype) * scale`` in magnitude to 0.
 
     Only the lower triangle: the factorizations read nothing else, and the upper one of a fresh buffer is
     still unwritten memory. Read first, each of its pages is mapped twice (the zero page, then a copy on the
@@ -373,7 +402,7 @@ def _flush_tiny(X: Tensor, scale: float) -> None:
     """
     if scale > 0 and math.isfinite(scale):
         for r, e in _lower_blocks(X.shape[0]):
-            zero_small_entries(X[r:e, :e], TINY_FRACTION * scale)
+            zero_small_entries(X[r:e, :e], tiny_fraction(X.dtype) * scale)
 
 
 def mixed_cholesky(problem: Problem, weights: Tensor | None, *, jitter: float) -> Preconditioner | None:

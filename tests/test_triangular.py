@@ -1,0 +1,118 @@
+"""kgp.triangular.LowerFactor: block-row triangular solves against torch's LAPACK solve in float64."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kgp.triangular import LowerFactor, threads_sleep_when_waiting
+
+DTYPES = [torch.float32, torch.float64]
+
+
+def lower_factor(n: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
+    """The Cholesky factor of a Gaussian kernel matrix plus 0.1 I: condition number of L below about 30."""
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(n, 3, generator=g, dtype=torch.float64)
+    K = torch.cdist(X, X).square().mul(-0.5).exp()
+    K.diagonal().add_(0.1)
+    return torch.linalg.cholesky(K).to(dtype)
+
+
+def forward_error_bound(L: torch.Tensor) -> float:
+    # substitution is backward stable with a relative backward error of order n eps (Higham, Thm 8.5),
+    # so the forward error is at most cond(L) n eps; the inverted diagonal blocks add another cond(L_jj) eps
+    n = L.shape[0]
+    cond = float(torch.linalg.cond(L.double()))
+    return 4 * cond * n * torch.finfo(L.dtype).eps
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("n", "block"), [(1, 4), (7, 3), (130, 32), (257, 64), (300, 300), (300, 1024)])
+@pytest.mark.parametrize("columns", [1, 3])
+@pytest.mark.parametrize("transpose", [False, True])
+def test_block_rows_match_a_float64_solve(n, block, columns, transpose, dtype):
+    L = lower_factor(n, dtype)
+    factor = LowerFactor(L, block=block)
+    B = torch.randn(n, columns, generator=torch.Generator().manual_seed(1), dtype=dtype)
+    op = L.double().mT if transpose else L.double()
+    ref = torch.linalg.solve_triangular(op, B.double(), upper=transpose)
+    X = factor._solve_blocks(B, transpose)
+    assert X.dtype == dtype and X.shape == B.shape
+    assert (X.double() - ref).norm() <= forward_error_bound(L) * ref.norm()
+    # whichever path solve() picks, the answer is the same to the same bound
+    assert (factor.solve(B, transpose=transpose).double() - ref).norm() <= forward_error_bound(L) * ref.norm()
+
+
+def test_only_the_lower_triangle_is_read():
+    L = lower_factor(200, torch.float64)
+    stale = L + 1e3 * torch.ones_like(L).triu(1)
+    B = torch.randn(200, 2, dtype=torch.float64)
+    for transpose in (False, True):
+        expect = LowerFactor(L, block=32)._solve_blocks(B, transpose)
+        assert torch.equal(LowerFactor(stale, block=32)._solve_blocks(B, transpose), expect)
+
+
+def test_any_strides_of_the_factor():
+    L = lower_factor(150, torch.float64)
+    column_major = L.mT.contiguous().mT
+    B = torch.randn(150, 1, dtype=torch.float64)
+    for transpose in (False, True):
+        ref = torch.linalg.solve_triangular(L.mT if transpose else L, B, upper=transpose)
+        X = LowerFactor(column_major, block=16)._solve_blocks(B, transpose)
+        assert (X - ref).norm() <= forward_error_bound(L) * ref.norm()
+
+
+@pytest.mark.parametrize(
+    ("policy", "columns", "transpose", "blocks"),
+    [
+        ("PASSIVE", 1, False, True),
+        ("passive", 1, True, True),
+        ("PASSIVE", 2, False, False),
+        ("PASSIVE", 2, True, True),
+        (None, 1, False, False),
+        (None, 1, True, False),
+        ("ACTIVE", 1, True, False),
+        (None, 4, True, True),
+        (None, 4, False, False),
+    ],
+)
+def test_which_solve_runs(monkeypatch, policy, columns, transpose, blocks):
+    # the measured rule (kgp/triangular.py): block rows for one column with sleeping threads, and for L^T X = B
+    # with several columns; LAPACK's solve otherwise
+    if policy is None:
+        monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    else:
+        monkeypatch.setenv("OMP_WAIT_POLICY", policy)
+    assert threads_sleep_when_waiting() is (policy is not None and policy.lower() == "passive")
+    factor = LowerFactor(lower_factor(40, torch.float64), block=8)
+    assert factor.uses_blocks(columns, transpose=transpose) is blocks
+    # a factor of one block never runs block rows
+    assert not LowerFactor(factor.L, block=40).uses_blocks(columns, transpose=transpose)
+    calls = []
+    monkeypatch.setattr(factor, "_solve_blocks", lambda B, t: calls.append(t) or torch.zeros_like(B))
+    factor.solve(torch.ones(40, columns, dtype=torch.float64), transpose=transpose)
+    assert calls == ([transpose] if blocks else [])
+
+
+def test_block_inverses_are_computed_once():
+    factor = LowerFactor(lower_factor(50, torch.float64), block=16)
+    B = torch.randn(50, 1, dtype=torch.float64)
+    factor._solve_blocks(B, False)
+    first = factor._inverses
+    assert len(first) == 4
+    factor._solve_blocks(B, True)
+    assert factor._inverses is first
+
+
+def test_bad_input_is_refused_with_the_argument_named():
+    L = lower_factor(10, torch.float64)
+    with pytest.raises(ValueError, match="L must be a square matrix"):
+        LowerFactor(L[:, :5])
+    with pytest.raises(ValueError, match="block must be a positive integer"):
+        LowerFactor(L, block=0)
+    factor = LowerFactor(L)
+    with pytest.raises(ValueError, match=r"B must have shape \(10, k\)"):
+        factor.solve(torch.ones(10))
+    with pytest.raises(ValueError, match="B must have the factor's dtype"):
+        factor.solve(torch.ones(10, 1, dtype=torch.float32))
