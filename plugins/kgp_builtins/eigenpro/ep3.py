@@ -198,8 +198,7 @@ class EigenPro3Solver:
                     times["correction"] += t_corr - t_grad
                     eta = opts["lr_scale"] * step(mb) / n
                     if whitened:
-                        L = proj.L
-                        w = torch.linalg.solve_triangular(L, grad, upper=False).mul_(n / mb)
+                        w = proj.factor.solve(grad).mul_(n / mb)
                         if sigma2:
                             w.add_(b_white, alpha=sigma2)
                         t2 = time.perf_counter()
@@ -207,7 +206,7 @@ class EigenPro3Solver:
                             w.sub_(U @ (pre.d.unsqueeze(-1) * (U.T @ w)))
                         t3 = time.perf_counter()
                         b_white.sub_(w, alpha=eta)
-                        alpha.sub_(torch.linalg.solve_triangular(L.mT, w, upper=True), alpha=eta)
+                        alpha.sub_(proj.factor.solve(w, transpose=True), alpha=eta)
                         times["projection"] += (t2 - t1) + (time.perf_counter() - t3)
                         times["correction"] += t3 - t2
                     else:

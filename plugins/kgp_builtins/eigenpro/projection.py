@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from kgp.linalg import NotPSDError, psd_cholesky
+from kgp.triangular import LowerFactor
 
 from .ep2 import ep2_epoch, ep2_setup
 from .nystrom import KernelOpFactory
@@ -86,12 +87,21 @@ class CholeskyProjection:
             jitter *= 10
         self.L = L.to(dtype)
         self.jitter = jitter
+        self._factor: LowerFactor | None = None
+
+    @property
+    def factor(self) -> LowerFactor:
+        """``L`` prepared for the per-batch solves (:mod:`kgp.triangular`; one column with passive threads:
+        0.2-0.3x LAPACK's time at p = 4,000). Built at the first solve, after a distributed fit has
+        replicated ``L`` in place."""
+        if self._factor is None:
+            self._factor = LowerFactor(self.L)
+        return self._factor
 
     def solve(self, h: Tensor) -> Tensor:
         # two solve_triangular calls, not cholesky_solve: at p = 5000 (1 right-hand side) cholesky_solve
         # took 118 ms against 2 x 5 ms here (it copies the factor into LAPACK's layout on every call)
-        w = torch.linalg.solve_triangular(self.L, h, upper=False)
-        return torch.linalg.solve_triangular(self.L.mT, w, upper=True)
+        return self.factor.solve(self.factor.solve(h), transpose=True)
 
     def solve_ridge(self, h: Tensor, alpha: Tensor, sigma2: float) -> Tensor:
         """``K_ZZ^{-1}(h + sigma2 K_ZZ alpha)`` with ``K_ZZ = L L^T - jitter I`` exactly, in one solve."""
