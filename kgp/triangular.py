@@ -6,15 +6,16 @@ triangle from memory. LAPACK's ``?trsv`` / ``?trsm`` (MKL in torch's CPU wheels)
 small parallel steps; each ends with the threads waiting for one another, and with passive OpenMP threads
 (``OMP_WAIT_POLICY=PASSIVE``, which the kgp command, the Makefile and CI set, see README "Threads") every
 such wait is a sleep and a wake-up. On the 2-core Intel Xeon development host (2026-11-28, float64, one
-right-hand side, ``benchmarks/bench_triangular_solve.py``) MKL took 11 / 34 / 90-107 ms at M = 5,000 /
-10,000 / 20,000 with passive threads, against 2.4 / 13.5 / 51 ms with spinning ones: the memory bound.
+right-hand side, ``benchmarks/bench_triangular_solve.py``) MKL took 11-13.5 / 34 / 90-116 ms at M = 5,000 /
+10,000 / 20,000 with passive threads, against 2.4-2.9 / 13.5 / 51-53 ms with spinning ones, about the
+memory bound.
 
 :class:`LowerFactor` solves block row by block row instead: one matrix-vector product over the block row's
 panel and one product with the inverse of its ``b x b`` diagonal block (inverted once, when the factor is
-prepared), so a solve is ``2 M / b`` large parallel operations rather than many small ones. Inverting the
-diagonal blocks is backward stable enough here: the result is a fixed linear map within a few ulps of
-``L^{-1}`` times the block's condition number, and the residuals measured against MKL's were 0.5-1.7x
-its own (same benchmark).
+at the first block-row solve), so a solve is ``2 M / b`` large parallel operations rather than many small
+ones. With inverted diagonal blocks the solve is still one fixed linear map (what a preconditioner needs),
+within the block's condition number times a few ulps of ``L^{-1}``; the residuals ``||L X - B||`` measured
+against LAPACK's were 0.5-3.3x its own (same benchmark).
 """
 
 from __future__ import annotations
@@ -53,12 +54,13 @@ class LowerFactor:
     Notes
     -----
     Which solve runs (``benchmarks/bench_triangular_solve.py``, 2-core Intel Xeon, 2026-11-28, M = 2,000 to
-    20,000, both dtypes): the block rows for one column with passive threads (0.21-0.67x LAPACK's time;
-    with spinning threads they were 0.96-1.22x, so LAPACK's solve stays there), and for ``L^T X = B`` with
-    two or more columns under either policy (0.42-0.99x, one case 1.07x); LAPACK's for ``L X = B`` with two
-    or more columns, where the panel product with a few columns ran at 1.1-1.8x LAPACK's time, and for
-    ``M <= block``. The diagonal blocks are inverted at the first block-row solve, ``O(M block^2)`` flops
-    (0.02-0.2 s at M = 2,000-20,000).
+    20,000, both dtypes, 1 / 2 / 8 columns): the block rows for one column with passive threads (0.19-0.66x
+    LAPACK's time; with spinning threads they took 0.99-1.32x, so LAPACK's solve stays there), and for
+    ``L^T X = B`` with two or more columns under either policy (0.34-0.93x with spinning threads, 0.46-0.89x
+    with passive ones except at M <= 5,000 in float32, 1.06-1.36x there, under a millisecond); LAPACK's for
+    ``L X = B`` with two or more columns, where the panel product with a few columns ran at 0.75-1.81x
+    LAPACK's time, and for ``M <= block``. The diagonal blocks are inverted at the first block-row solve,
+    ``O(M block^2)`` flops (0.014-0.24 s at M = 2,000-20,000).
     """
 
     def __init__(self, L: Tensor, *, block: int = SOLVE_BLOCK) -> None:
