@@ -190,7 +190,7 @@ def test_float64_factors_hold_no_subnormal_values(monkeypatch, potrf_max):
         assert int(((factor != 0) & (factor.abs() < tiny)).sum()) == 0
     G = kgp.kernel_operator(rbf(1.0), Z, Z).to_dense()
     # kgp's kernels floor exp at about 1e-304, but products of such entries are subnormal: the matrix has many
-    assert int(((G != 0) & (G.abs() < falkon_prec.tiny_fraction(F64))).sum()) > 1000
+    assert int(((G != 0) & (G.abs() < kgp.linalg.tiny_fraction(F64))).sum()) > 1000
     G.diagonal().add_(prec.shift)
     # Cholesky's backward error, of order M eps |L| |L^T| (Higham, Thm 10.3); a flush at a threshold far above
     # 2^-511 of the scale (1e-12, say) would exceed it

@@ -43,7 +43,14 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from kgp.linalg import NotPSDError, cholesky_in_place, gram_of_lower, largest_eigenvalue, zero_small_entries
+from kgp.linalg import (
+    NotPSDError,
+    cholesky_in_place,
+    gram_of_lower,
+    largest_eigenvalue,
+    tiny_fraction,
+    zero_small_entries,
+)
 from kgp.options import InvalidOptionError
 from kgp.plugin import Problem
 from kgp.triangular import LowerFactor
@@ -362,17 +369,6 @@ WIDEN_BYTES = 8 * 2**20
 """Bytes of float64 per block when ``A`` is widened to float64 in place. Each block goes through a temporary;
 at 1,024 rows (160 MB at M = 20,000) every temporary was freshly mapped and faulted in, and the widening took
 2.8 s against 0.43 s with 8 MiB blocks (kin40k's centers, 2-core Intel host, 2026-11-27)."""
-
-
-def tiny_fraction(dtype: torch.dtype) -> float:
-    """The square root of ``dtype``'s smallest normal number: entries of the preconditioner's matrices below
-    this fraction of their scale are set to 0, so that no product of two kept entries is subnormal (2^-63
-    in float32, 2^-511 in float64). :data:`TINY_FRACTION` says why, for float32; float64 has the same trap.
-    On UCI parkinsons (M = 4,700, short lengthscales: ``K_MM`` holds values down to e^-740, subnormal in
-    float64) the float64 setup took 78 s against 1.2 s for the float32 one on the 2-core Intel Xeon host
-    (2026-11-28), almost all of it in the Cholesky's and ``L^T L``'s GEMMs; the change to each matrix is
-    below 1e-150 of its scale."""
-    return math.sqrt(torch.finfo(dtype).tiny)
 
 
 TINY_FRACTION = 2.0**-63
