@@ -198,3 +198,36 @@ def test_sgpr_batch_rows_is_the_full_bound_at_full_batch_and_unbiased_in_its_row
     # the bound is nonlinear in the estimated sums: close on average, biased low (Jensen); measured at half
     # the rows: mean of 40 draws 3.5 % below the full bound, spread of one draw 6 %
     assert abs(float(draws.mean()) - full) < 0.06 * abs(full)
+
+
+def test_gaussian_nll_with_subnormal_products_equals_autograd_through_lapack():
+    # far-apart points: K holds values near kgp's exp floor (~1e-304) whose products in the factorization's
+    # and the backward inverse's GEMMs are float64 subnormals (slow on Intel hosts). They are flushed
+    # (kgp.linalg.tiny_fraction); value and gradients stay those of the unflushed matrix to float64 rounding.
+    from kgp_builtins.objectives.gaussian_nll import gaussian_nll
+
+    g = torch.Generator().manual_seed(2)
+    X = 20 * torch.randn(400, 2, generator=g, dtype=torch.float64)
+    kernel = gpytorch.kernels.RBFKernel().double()
+    kernel.lengthscale = 1.0
+    K0 = kernel(X).to_dense().detach()
+    tiny = kgp.linalg.tiny_fraction(torch.float64)
+    assert int(((K0 != 0) & (K0.abs() < tiny)).sum()) > 1000
+    R = torch.randn(400, 2, generator=g, dtype=torch.float64)
+    grads = []
+    for ours in (True, False):
+        K = K0.clone().requires_grad_(True)
+        noise = torch.tensor(0.1, dtype=torch.float64, requires_grad=True)
+        if ours:
+            value = gaussian_nll(K, noise, R, what="C", remedy="")
+        else:
+            L = torch.linalg.cholesky(K + noise * torch.eye(400, dtype=torch.float64))
+            value = 0.5 * (R * torch.cholesky_solve(R, L)).sum() + R.shape[1] * torch.log(L.diagonal()).sum()
+        value.backward()
+        grads.append((value.detach(), K.grad, noise.grad))
+    (v1, gk1, gn1), (v2, gk2, gn2) = grads
+    assert abs(float(v1 - v2)) <= 1e-12 * abs(float(v2))
+    # the gradient dC is symmetric; autograd's through the lower triangle is not: compare symmetric parts
+    sym1, sym2 = gk1 + gk1.mT, gk2 + gk2.mT
+    assert float((sym1 - sym2).norm()) <= 1e-10 * float(sym2.norm())
+    assert abs(float(gn1 - gn2)) <= 1e-10 * abs(float(gn2))
