@@ -31,6 +31,7 @@ from torch import Tensor
 __all__ = [
     "NotPSDError",
     "cholesky_in_place",
+    "flush_for_cholesky",
     "gram_of_lower",
     "inverse_from_cholesky",
     "largest_eigenvalue",
@@ -268,6 +269,19 @@ def tiny_fraction(dtype: torch.dtype) -> float:
     2.3 s and 0.5 s. The change to the matrix is below 1e-150 of its scale in float64 (1e-19 in float32).
     """
     return math.sqrt(torch.finfo(dtype).tiny)
+
+
+def flush_for_cholesky(A: Tensor) -> float | None:
+    """Set the entries of a symmetric positive definite ``A`` below :func:`tiny_fraction` of its mean diagonal
+    to 0, in place; return the ``flush_below`` for its factor (the same fraction of the factor's scale, the
+    root of the mean diagonal) to pass to :func:`cholesky_in_place`, or None (nothing changed) if the mean
+    diagonal is not positive and finite.
+    """
+    scale = float(A.diagonal().mean())
+    if not (math.isfinite(scale) and scale > 0):
+        return None
+    zero_small_entries(A, tiny_fraction(A.dtype) * scale)
+    return tiny_fraction(A.dtype) * math.sqrt(scale)
 
 
 def zero_small_entries(X: Tensor, threshold: float, *, rows: int | None = None) -> Tensor:

@@ -72,10 +72,6 @@ class LowerFactor:
         self.block = block
         self._inverses: list[Tensor] | None = None
 
-    @property
-    def shape(self) -> torch.Size:
-        return self.L.shape
-
     def uses_blocks(self, columns: int, *, transpose: bool) -> bool:
         """Whether :meth:`solve` of ``columns`` right-hand sides runs block rows (else LAPACK's solve)."""
         if self.L.shape[0] <= self.block or self.L.device.type != "cpu":

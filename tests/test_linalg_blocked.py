@@ -178,3 +178,18 @@ def test_zero_small_entries_equals_a_dense_where_by_any_row_block():
     outside = torch.ones_like(X, dtype=torch.bool)
     outside[5:20, :7] = False
     assert torch.equal(Y[outside], X[outside])
+
+
+def test_flush_for_cholesky_zeroes_entries_below_tiny_fraction_of_the_mean_diagonal():
+    from kgp.linalg import flush_for_cholesky, tiny_fraction
+
+    for dtype in (torch.float32, torch.float64):
+        t = tiny_fraction(dtype)
+        assert t == torch.finfo(dtype).tiny ** 0.5
+        A = torch.tensor([[4.0, 3.0 * t, 5.0 * t], [3.0 * t, 4.0, 1e-3], [5.0 * t, 1e-3, 4.0]], dtype=dtype)
+        flush = flush_for_cholesky(A)
+        # mean diagonal 4: entries below 4 t go (3 t), entries above stay (5 t); the factor's threshold is 2 t
+        assert A[0, 1] == 0 and A[1, 0] == 0 and float(A[0, 2]) == float(torch.tensor(5.0 * t, dtype=dtype))
+        assert flush == t * 2.0
+        B = torch.tensor([[0.0, 1e-300], [1e-300, 0.0]], dtype=torch.float64)
+        assert flush_for_cholesky(B) is None and float(B[0, 1]) == 1e-300  # no positive scale: unchanged

@@ -10,14 +10,12 @@ fixed noise, or kernel ridge regression with sklearn's ``alpha = sigma^2`` (FALK
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
 import kgp
 from kgp import settings
-from kgp.linalg import NotPSDError, cholesky_in_place, solve_lower_in_place, tiny_fraction, zero_small_entries
+from kgp.linalg import NotPSDError, cholesky_in_place, flush_for_cholesky, solve_lower_in_place
 from kgp.plugin import KernelExpansion, Problem, Solution
 from kgp.variance import VarianceFactors
 
@@ -92,12 +90,7 @@ def _solve_in_place(A: Tensor, y: Tensor, *, noise: float) -> tuple[Tensor, Tens
     # entries below 2^-511 (float64) of the scale are set to 0, in the matrix and as the factor is formed:
     # their products in the Cholesky's GEMMs are subnormal, 35x slower on an Intel host (UCI parkinsons,
     # kgp.linalg.tiny_fraction); the oracle's answer moves by far less than float64's rounding
-    scale = float(A.diagonal().mean())
-    flush = None
-    if math.isfinite(scale) and scale > 0:
-        zero_small_entries(A, tiny_fraction(A.dtype) * scale)
-        flush = tiny_fraction(A.dtype) * math.sqrt(scale)
-    L = cholesky_in_place(A, what=what, remedy=remedy, flush_below=flush)
+    L = cholesky_in_place(A, what=what, remedy=remedy, flush_below=flush_for_cholesky(A))
     B = y.detach().reshape(n, -1).to(A.dtype).clone()
     alpha = solve_lower_in_place(L, solve_lower_in_place(L, B), transpose=True).reshape(y.shape)
     # a non-finite kernel matrix can pass the pivots (inf - inf) and show only in the solution

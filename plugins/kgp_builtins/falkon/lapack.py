@@ -12,12 +12,10 @@ scipy's ``?lauum`` + ``?potrf`` built ``A`` before: the bundled OpenBLAS ``?lauu
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
-from kgp.linalg import cholesky_in_place, gram_of_lower, zero_small_entries
+from kgp.linalg import cholesky_in_place, flush_for_cholesky, gram_of_lower
 
 __all__ = ["pivoted_cholesky", "upper_cholesky_of_scaled_product"]
 
@@ -29,13 +27,13 @@ def upper_cholesky_of_scaled_product(
     *,
     what: str = "scale * L^T L + shift * I",
     remedy: str = "",
-    tiny: float = 0.0,
+    flush: bool = False,
 ) -> Tensor:
     """Upper triangular ``A`` with ``A^T A = scale * L^T L + shift * I`` (``L`` lower, strict upper zero).
 
     Returns the transpose view of a lower factor: one new ``M x M`` array at the peak, on L's device.
-    ``tiny``: entries of the product and of its factor below ``tiny`` times their scale (the mean diagonal,
-    its square root) are set to 0, to keep subnormal numbers out of the GEMMs (0: nothing is changed).
+    ``flush``: entries of the product and of its factor below ``kgp.linalg.tiny_fraction`` of their scale are
+    set to 0 (:func:`kgp.linalg.flush_for_cholesky`), to keep subnormal numbers out of the GEMMs.
 
     Raises
     ------
@@ -44,12 +42,8 @@ def upper_cholesky_of_scaled_product(
     """
     P = gram_of_lower(L)
     P.mul_(scale).diagonal().add_(shift)
-    root = math.sqrt(abs(float(P.diagonal().mean())))
-    if not tiny or not math.isfinite(root):
-        return cholesky_in_place(P, what=what, remedy=remedy).mT
-    zero_small_entries(P, tiny * root * root)
-    A = cholesky_in_place(P, what=what, remedy=remedy, flush_below=tiny * root)
-    return zero_small_entries(A, tiny * root).mT  # LAPACK's potrf (M <= POTRF_MAX) does not flush
+    flush_below = flush_for_cholesky(P) if flush else None
+    return cholesky_in_place(P, what=what, remedy=remedy, flush_below=flush_below).mT
 
 
 def pivoted_cholesky(G: Tensor, tol: float) -> tuple[Tensor, Tensor]:

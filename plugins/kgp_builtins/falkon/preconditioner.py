@@ -282,7 +282,6 @@ def build_preconditioner(
                 "factorization='auto', 'pivoted' or 'eigh', or a larger 'jitter'",
                 flush_below=tiny_fraction(work) * math.sqrt(mean_diag + shift),
             )
-            _flush_tiny(L, math.sqrt(mean_diag + shift))  # LAPACK's potrf (M <= POTRF_MAX) did not flush
         except NotPSDError:
             if method == "cholesky":
                 raise
@@ -350,7 +349,7 @@ def from_cholesky(
         lam,
         what="solver 'falkon': T T^T / M + lambda I (A of Def. 3)",
         remedy="use solver option precond_dtype='float64', or a larger noise",
-        tiny=tiny_fraction(L.dtype),
+        flush=True,
     )
     method = "cholesky" if keep is None else "pivoted"
     return Preconditioner(lam=lam, d=d, T=T, A=A, keep=keep, m=m, method=method, shift=shift)
@@ -448,9 +447,6 @@ def mixed_cholesky(problem: Problem, weights: Tensor | None, *, jitter: float) -
     except NotPSDError:
         return None
     extra = MIXED_A_SHIFT * torch.finfo(f32).eps * (mean_diag + shift)
-    # the factor's scale is the square root of the matrix's; the blocked path flushed already, LAPACK's
-    # potrf (M <= POTRF_MAX) did not
-    _flush_tiny(G, math.sqrt(mean_diag + shift))
     for _ in range(3):
         gram_of_lower(G, out=P)
         for r, e in _lower_blocks(M):  # not the unwritten upper triangle (see _flush_tiny)

@@ -15,12 +15,10 @@ n = 2,000-5,000 on the development host; the inverse is most of an ``exact`` ste
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
-from kgp.linalg import cholesky_in_place, inverse_from_cholesky, tiny_fraction, zero_small_entries
+from kgp.linalg import cholesky_in_place, flush_for_cholesky, inverse_from_cholesky
 
 
 class GaussianNLL(torch.autograd.Function):
@@ -38,12 +36,7 @@ class GaussianNLL(torch.autograd.Function):
         # entries whose products are subnormal are set to 0 (kgp.linalg.tiny_fraction; the exact solver does
         # the same): below 1e-150 of the scale in float64, and slow in the GEMMs of the factorization and of
         # the backward's inverse on some CPUs
-        scale = float(C.diagonal().mean())
-        flush = None
-        if math.isfinite(scale) and scale > 0:
-            zero_small_entries(C, tiny_fraction(C.dtype) * scale)
-            flush = tiny_fraction(C.dtype) * math.sqrt(scale)
-        L = cholesky_in_place(C, what=what, remedy=remedy, flush_below=flush)
+        L = cholesky_in_place(C, what=what, remedy=remedy, flush_below=flush_for_cholesky(C))
         alpha = torch.cholesky_solve(R, L)
         value = 0.5 * (R * alpha).sum() + R.shape[1] * torch.log(L.diagonal()).sum()
         ctx.save_for_backward(L, alpha)
