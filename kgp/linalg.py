@@ -34,6 +34,7 @@ __all__ = [
     "flush_for_cholesky",
     "gram_of_lower",
     "inverse_from_cholesky",
+    "inverse_of_lower",
     "largest_eigenvalue",
     "mirror_lower",
     "psd_cholesky",
@@ -345,28 +346,49 @@ def gram_of_lower(L: Tensor, *, out: Tensor | None = None, block: int = GRAM_BLO
 def inverse_from_cholesky(L: Tensor, *, block: int = GRAM_BLOCK, flush: bool = False) -> Tensor:
     """``A^{-1}`` (full, exactly symmetric) from the lower Cholesky factor ``L`` of ``A = L L^T``.
 
-    ``W = L^{-1}`` by block columns: column block ``j`` of ``W`` is zero above its diagonal block, so only
-    the trailing triangle ``L[j:, j:]`` is solved against it (``n^3 / 3`` flops in all, against ``n^3`` for
-    ``solve_triangular(L, I)``); then ``A^{-1} = W^T W`` by :func:`gram_of_lower` (``n^3 / 3``). Measured on the
-    2-core development host (two threads, float64, 2026-11-25): 0.12 / 0.40 / 1.55 s at n = 2,000 / 3,000 /
-    5,000, against 0.23 / 0.65 / 2.98 s for ``cholesky_solve(I, L)`` and 0.24 / 0.45 / 2.05 s for
-    ``cholesky_inverse`` (LAPACK ``?potri``); the three agree to 1e-14 relative. One ``n x n`` array besides
-    the result's. ``flush``: entries of ``W`` below :func:`tiny_fraction` of its mean diagonal are set to 0
-    before ``W^T W``, so that the product's GEMMs meet no subnormal operands.
+    ``W = L^{-1}`` by :func:`inverse_of_lower` (``n^3 / 3`` flops), then ``A^{-1} = W^T W`` by
+    :func:`gram_of_lower` (``n^3 / 3``). Measured on the 2-core development host (two threads, float64,
+    2026-11-25): 0.12 / 0.40 / 1.55 s at n = 2,000 / 3,000 / 5,000, against 0.23 / 0.65 / 2.98 s for
+    ``cholesky_solve(I, L)`` and 0.24 / 0.45 / 2.05 s for ``cholesky_inverse`` (LAPACK ``?potri``); the three
+    agree to 1e-14 relative. One ``n x n`` array besides the result's. ``flush``: entries of ``W`` below
+    :func:`tiny_fraction` of its mean diagonal are set to 0 before ``W^T W``, so that the product's GEMMs
+    meet no subnormal operands. Only the lower triangle of ``L`` is read.
     """
+    W = inverse_of_lower(L, block=block)
     n = L.shape[-1]
-    W = torch.zeros_like(L)
-    for j in range(0, n, block):
-        e = min(j + block, n)
-        rhs = torch.zeros(n - j, e - j, dtype=L.dtype, device=L.device)
-        rhs.diagonal().fill_(1.0)
-        W[j:, j:e] = torch.linalg.solve_triangular(L[j:, j:], rhs, upper=False)
     scale = float(W.diagonal().abs().mean()) if n else 0.0
     if flush and math.isfinite(scale) and scale > 0:
         zero_small_entries(W, tiny_fraction(W.dtype) * scale)
     inverse = gram_of_lower(W)
     del W
     return mirror_lower(inverse, block=block)
+
+
+def inverse_of_lower(L: Tensor, *, block: int = GRAM_BLOCK) -> Tensor:
+    """``L^{-1}`` for a lower triangular ``L`` (only its lower triangle is read), lower triangular itself.
+
+    By block rows, as LAPACK's ``?trtri``: with ``D_i`` the inverse of diagonal block ``i``,
+    ``W[i, :i] = -D_i (L[i, :i] W[:i, :i])``, where the product runs over the nonzero rows of each column
+    block of ``W`` only (``n^3 / 3`` flops, all in GEMMs on views of ``L``). ``solve_triangular`` on the
+    trailing submatrices ``L[j:, j:]`` (used before 2026-11-28) did the same flops but copied each
+    submatrix into LAPACK's order first, about ``n^3 / (3 block)`` entries (280 MB at n = 3,000): the
+    largest fresh-memory cost of an ``exact`` learning step.
+    """
+    n = L.shape[-1]
+    W = torch.zeros_like(L)
+    for i in range(0, n, block):
+        e = min(i + block, n)
+        eye = torch.eye(e - i, dtype=L.dtype, device=L.device)
+        D = torch.linalg.solve_triangular(L[i:e, i:e], eye, upper=False)
+        W[i:e, i:e] = D
+        if i:
+            T = torch.empty(e - i, i, dtype=L.dtype, device=L.device)
+            for j in range(0, i, block):
+                f = min(j + block, i)
+                torch.mm(L[i:e, j:i], W[j:i, j:f], out=T[:, j:f])
+            torch.mm(D, T, out=W[i:e, :i])
+            W[i:e, :i].neg_()
+    return W
 
 
 def mirror_lower(A: Tensor, *, block: int = GRAM_BLOCK) -> Tensor:

@@ -37,7 +37,7 @@ from torch import Tensor
 from .io import to_device
 from .operators import kernel_operator
 from .posterior_checks import PosteriorStateError, _Checker, _cpu, _factors_from_state
-from .variance import VarianceFactors, exact_factors, latent_variance, nystrom_factors
+from .variance import VarianceFactors, cross_kernel, exact_factors, latent_variance, nystrom_factors
 
 __all__ = ["POSTERIOR_VERSION", "VARIANCE_KINDS", "Posterior", "PosteriorStateError", "Scaling", "TargetScaling"]
 
@@ -220,7 +220,7 @@ class Posterior:
         with torch.no_grad():
             cov = kernel_operator(kernel, Xs).to_dense().clone()
             # the stored points as the columns: distances centred on them, not on the query batch
-            kx = kernel_operator(kernel, Xs, factors.points).to_dense().mT
+            kx = cross_kernel(kernel, Xs, factors.points, cov.diagonal())
             v = torch.linalg.solve_triangular(factors.chol, kx, upper=False)
             cov -= v.T @ v
             if factors.kind == "nystrom":

@@ -28,6 +28,7 @@ numbers.
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +36,7 @@ import gpytorch
 import torch
 from torch import Tensor
 
-from .linalg import cholesky_in_place, psd_cholesky
+from .linalg import cholesky_in_place, psd_cholesky, tiny_fraction, zero_small_entries
 from .operators import kernel_operator, plan_block_rows, row_slices
 
 __all__ = ["VarianceFactors", "check_dense_size", "exact_factors", "nystrom_factors", "latent_variance"]
@@ -139,6 +140,23 @@ def nystrom_factors(
     return VarianceFactors("nystrom", Z, L, L_s, noise)
 
 
+def cross_kernel(kernel: gpytorch.kernels.Kernel, Xq: Tensor, points: Tensor, prior: Tensor) -> Tensor:
+    """``K(points, Xq)`` (``p x q``, a transposed view) for the variance's triangular solves.
+
+    Entries below :func:`kgp.linalg.tiny_fraction` of the kernel's scale (the largest of ``prior``, the
+    query rows' ``k(x, x)``, and of the block) are set to 0: with short lengthscales most query-to-data
+    values are far below it, and the solves' products of them are subnormal, which Intel CPUs process
+    10-100x slower (UCI parkinsons, the learned default GP's 1,175 test rows against 4,700 training rows:
+    6.3 s -> 0.19 s for ``L^{-1} K``). A dropped entry moves the variance by less than ``1e-150`` of the
+    kernel's scale (float64).
+    """
+    dense = kernel_operator(kernel, Xq, points).to_dense()
+    scale = max(float(prior.abs().max()) if prior.numel() else 0.0, float(dense.abs().max()) if dense.numel() else 0.0)
+    if math.isfinite(scale) and scale > 0:
+        zero_small_entries(dense, tiny_fraction(dense.dtype) * scale)
+    return dense.mT
+
+
 def latent_variance(kernel: gpytorch.kernels.Kernel, Xq: Tensor, factors: VarianceFactors) -> Tensor:
     """Variance of the latent f at the rows of ``Xq`` (length ``q``), clamped at 0 with no other change.
 
@@ -159,7 +177,7 @@ def latent_variance(kernel: gpytorch.kernels.Kernel, Xq: Tensor, factors: Varian
             # the stored points as the operator's columns: a stationary kernel centres distances on the
             # columns' mean, which must not depend on the query batch (a far query row shifted it and
             # cancelled every other row's variance to 0, issue 23)
-            kx = kernel_operator(kernel, xq, factors.points).to_dense().mT  # p x b
+            kx = cross_kernel(kernel, xq, factors.points, prior)  # p x b
             v = torch.linalg.solve_triangular(factors.chol, kx, upper=False)
             var = prior - v.square().sum(0)
             if factors.kind == "nystrom":

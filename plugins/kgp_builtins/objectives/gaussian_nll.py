@@ -37,7 +37,9 @@ class GaussianNLL(torch.autograd.Function):
         # the same): below 1e-150 of the scale in float64, and slow in the GEMMs of the factorization and of
         # the backward's inverse on some CPUs
         L = cholesky_in_place(C, what=what, remedy=remedy, flush_below=flush_for_cholesky(C))
-        alpha = torch.cholesky_solve(R, L)
+        # two solves on the whole factor (row- or column-contiguous: no copy), where cholesky_solve copies
+        # L into LAPACK's order, n^2 fresh entries a step
+        alpha = torch.linalg.solve_triangular(L.mT, torch.linalg.solve_triangular(L, R, upper=False), upper=True)
         value = 0.5 * (R * alpha).sum() + R.shape[1] * torch.log(L.diagonal()).sum()
         ctx.save_for_backward(L, alpha)
         return value
