@@ -32,6 +32,7 @@ import gpytorch
 import torch
 from torch import Tensor
 
+from .exp_floor import EXP_FLOOR
 from .rbf_block import rbf_block
 
 __all__ = ["EXP_FLOOR", "KernelParameters", "KernelRecipe", "kernel_parameters", "recipe_for"]
@@ -44,9 +45,6 @@ _LOG2E = math.log2(math.e)
 # pass. Matern 1/2 and the RBF fold in log2(e) as well and call exp2: 1.6x faster than exp in float32
 # on the development CPU (docs/backend.md), at a relative error of the order the GEMM already makes.
 _DISTANCE_FACTOR = {"matern12": _LOG2E, "matern32": _SQRT3, "matern52": _SQRT5}
-
-EXP_FLOOR = {torch.float32: -80.0, torch.float64: -700.0}
-"""Smallest exponent the fast path passes to ``exp`` (its results stay normal numbers)."""
 
 
 @dataclass(frozen=True)
