@@ -231,3 +231,26 @@ def test_gaussian_nll_with_subnormal_products_equals_autograd_through_lapack():
     sym1, sym2 = gk1 + gk1.mT, gk2 + gk2.mT
     assert float((sym1 - sym2).norm()) <= 1e-10 * float(sym2.norm())
     assert abs(float(gn1 - gn2)) <= 1e-10 * abs(float(gn2))
+
+
+def test_gaussian_nll_backward_in_the_factors_memory_gives_the_same_gradient_twice():
+    # the backward forms C^{-1} in the factor's own memory (no fresh n x n arrays for it); a second backward
+    # through the same graph (retain_graph=True, as gradcheck does) must give the same gradient again
+    from kgp_builtins.objectives.gaussian_nll import gaussian_nll
+
+    g = torch.Generator().manual_seed(5)
+    X = torch.randn(300, 3, generator=g, dtype=torch.float64)
+    K0 = torch.exp(-0.5 * torch.cdist(X, X).square())
+    R = torch.randn(300, 1, generator=g, dtype=torch.float64)
+    K = K0.clone().requires_grad_(True)
+    value = gaussian_nll(K * 1.0, torch.tensor(0.1, dtype=torch.float64), R, what="C", remedy="")
+    value.backward(retain_graph=True)
+    first = K.grad.clone()
+    # R&W eq. 5.9 in closed form, dense float64: dC = (C^{-1} - alpha alpha^T) / 2
+    C_inv = torch.linalg.inv(K0 + 0.1 * torch.eye(300, dtype=torch.float64))
+    alpha = C_inv @ R
+    expected = 0.5 * (C_inv - alpha @ alpha.T)
+    # cond(C) <= 1 + 300 / 0.1: rounding of the inverse to a small multiple of n eps cond
+    assert float((first - expected).abs().max()) <= 300 * 3001 * 2.3e-16 * float(expected.abs().max())
+    value.backward()
+    assert torch.equal(K.grad, 2 * first)

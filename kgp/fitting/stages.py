@@ -11,7 +11,7 @@ import contextlib
 import math
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import gpytorch
@@ -299,6 +299,61 @@ def scale_targets(rows: TrainingRows, normalize: bool) -> tuple[TrainingRows, Ta
     return TrainingRows(rows.X, (Y - mean) / std, rows.comm), TargetScaling(mean, std)
 
 
+NOISE_RAISES = 3
+"""How many times :func:`solve_with_a_usable_noise` raises a learned noise tenfold before it gives up."""
+
+
+def solve_with_a_usable_noise(
+    plan: FitPlan,
+    rows: TrainingRows,
+    centers: Centers | None,
+    learned: Learned,
+    scaling: TargetScaling,
+    streams: RandomStreams,
+    monitor: Monitor,
+    *,
+    input_scaling: Scaling | None = None,
+) -> tuple[Posterior, Learned]:
+    """:func:`solve`; where a *learned* noise leaves the solver's system not positive definite on all rows,
+    the noise is raised tenfold, at most :data:`NOISE_RAISES` times, with a warning naming both values.
+
+    Learning evaluates its objective on a subset (3,000 rows by default): at the floor ``min_noise`` with
+    collapsed lengthscales, ``K + noise I`` can factor there and not on all rows. On UCI parkinsons the
+    default GP learns noise 1e-6 with two lengthscales near 1e-6 and 1e-3; whether the 4,700-row solve
+    then factors was a matter of rounding (a change of the kernel's summation order turned it into a
+    ``NotPSDError`` after a minute of learning). A noise the user fixed (no learning, or
+    ``learn_noise=False``) is never changed, and a distributed fit raises as before.
+    """
+    noise = learned.noise
+    changeable = (
+        plan.objective is not None
+        and plan.learn_options is not None
+        and plan.learn_options.loop.get("learn_noise", True)
+        and rows.shard is None
+    )
+    attempt = 0
+    while True:
+        used = learned if noise == learned.noise else replace(learned, noise=noise)
+        try:
+            posterior = solve(plan, rows, centers, used, scaling, streams, monitor, input_scaling=input_scaling)
+            break
+        except NotPSDError:
+            if not changeable or attempt == NOISE_RAISES or not math.isfinite(noise) or noise <= 0:
+                raise
+            noise *= 10.0
+            attempt += 1
+    if used is not learned:
+        warnings.warn(
+            f"the learned noise {learned.noise:.3g} left the solver's system not positive definite on all "
+            f"{rows.X.shape[0]} rows; the fit uses noise {noise:.3g} instead (noise_). Learning ended at "
+            "a degenerate point (noise at its floor, or lengthscales collapsed onto single features); "
+            "raise learn_options['min_noise'] or learn_options['min_lengthscale'] to choose",
+            ConvergenceWarning,
+            stacklevel=4,
+        )
+    return posterior, used
+
+
 def run(
     plan: FitPlan,
     rows: TrainingRows,
@@ -320,7 +375,9 @@ def run(
         monitor.close()  # the solver's stage starts its own bar
         if shift is not None:
             shift["mean"] = learned.mean
-    posterior = solve(plan, rows, centers, learned, scaling, streams, monitor, input_scaling=input_scaling)
+    posterior, learned = solve_with_a_usable_noise(
+        plan, rows, centers, learned, scaling, streams, monitor, input_scaling=input_scaling
+    )
     if plan.objective is not None and posterior.has_variance:
         with monitor.stage(f"variance ({posterior.variance_kind})"):
             try:

@@ -85,7 +85,7 @@ def _solve_in_place(A: Tensor, y: Tensor, *, noise: float) -> tuple[Tensor, Tens
         If ``A`` is not numerically positive definite or not finite (``A`` is then partly overwritten).
     """
     n = A.shape[0]
-    remedy = "increase noise or use float64"
+    remedy = "increase noise" if A.dtype == torch.float64 else "increase noise or use float64"
     what = f"solver 'exact': K + noise*I with noise={noise:g}"
     # entries below 2^-511 (float64) of the scale are set to 0, in the matrix and as the factor is formed:
     # their products in the Cholesky's GEMMs are subnormal, 35x slower on an Intel host (UCI parkinsons,
