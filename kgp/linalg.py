@@ -31,6 +31,7 @@ from torch import Tensor
 __all__ = [
     "NotPSDError",
     "cholesky_in_place",
+    "flush_below_scale",
     "flush_for_cholesky",
     "gram_of_lower",
     "inverse_from_cholesky",
@@ -279,10 +280,22 @@ def flush_for_cholesky(A: Tensor) -> float | None:
     diagonal is not positive and finite.
     """
     scale = float(A.diagonal().mean())
-    if not (math.isfinite(scale) and scale > 0):
+    if not flush_below_scale(A, scale):
         return None
-    zero_small_entries(A, tiny_fraction(A.dtype) * scale)
     return tiny_fraction(A.dtype) * math.sqrt(scale)
+
+
+def flush_below_scale(X: Tensor, scale: float) -> bool:
+    """Set the entries of ``X`` below :func:`tiny_fraction` of ``scale`` in magnitude to 0, in place.
+
+    Their products with anything of the size of ``scale`` are subnormal (slow on some CPUs) and far below
+    what a sum of such products resolves. Returns False, changing nothing, where ``scale`` is not positive
+    and finite.
+    """
+    if not (math.isfinite(scale) and scale > 0):
+        return False
+    zero_small_entries(X, tiny_fraction(X.dtype) * scale)
+    return True
 
 
 def zero_small_entries(X: Tensor, threshold: float, *, rows: int | None = None) -> Tensor:
@@ -364,9 +377,8 @@ def inverse_from_cholesky(
     """
     W = inverse_of_lower(L, block=block, overwrite=overwrite)
     n = L.shape[-1]
-    scale = float(W.diagonal().abs().mean()) if n else 0.0
-    if flush and math.isfinite(scale) and scale > 0:
-        zero_small_entries(W, tiny_fraction(W.dtype) * scale)
+    if flush and n:
+        flush_below_scale(W, float(W.diagonal().abs().mean()))
     # the same blocks: W is zero above the diagonal inside them (and holds L's entries outside them)
     inverse = gram_of_lower(W, block=block, overwrite=overwrite)
     del W

@@ -28,7 +28,6 @@ numbers.
 from __future__ import annotations
 
 import copy
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +35,7 @@ import gpytorch
 import torch
 from torch import Tensor
 
-from .linalg import cholesky_in_place, psd_cholesky, tiny_fraction, zero_small_entries
+from .linalg import cholesky_in_place, flush_below_scale, psd_cholesky
 from .operators import kernel_operator, plan_block_rows, row_slices
 
 __all__ = ["VarianceFactors", "check_dense_size", "exact_factors", "nystrom_factors", "latent_variance"]
@@ -151,10 +150,12 @@ def cross_kernel(kernel: gpytorch.kernels.Kernel, Xq: Tensor, points: Tensor, pr
     kernel's scale (float64).
     """
     dense = kernel_operator(kernel, Xq, points).to_dense()
-    scale = max(float(prior.abs().max()) if prior.numel() else 0.0, float(dense.abs().max()) if dense.numel() else 0.0)
-    if math.isfinite(scale) and scale > 0:
-        zero_small_entries(dense, tiny_fraction(dense.dtype) * scale)
+    flush_below_scale(dense, max(_largest(prior), _largest(dense)))
     return dense.mT
+
+
+def _largest(X: Tensor) -> float:
+    return float(X.abs().max()) if X.numel() else 0.0
 
 
 def latent_variance(kernel: gpytorch.kernels.Kernel, Xq: Tensor, factors: VarianceFactors) -> Tensor:

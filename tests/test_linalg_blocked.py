@@ -228,3 +228,17 @@ def test_flush_for_cholesky_zeroes_entries_below_tiny_fraction_of_the_mean_diago
         assert flush == t * 2.0
         B = torch.tensor([[0.0, 1e-300], [1e-300, 0.0]], dtype=torch.float64)
         assert flush_for_cholesky(B) is None and float(B[0, 1]) == 1e-300  # no positive scale: unchanged
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_flush_below_scale_zeroes_exactly_the_entries_below_the_fraction(dtype):
+    from kgp.linalg import flush_below_scale, tiny_fraction
+
+    threshold = tiny_fraction(dtype) * 3.0
+    X = torch.tensor([[threshold * 0.5, -threshold * 0.9, threshold * 2], [1.0, 0.0, -threshold * 4]], dtype=dtype)
+    expected = X.clone()
+    expected[0, :2] = 0.0
+    assert flush_below_scale(X, 3.0) and torch.equal(X, expected)
+    for bad in (0.0, -1.0, float("nan"), float("inf")):  # nothing changed, and said so
+        Y = torch.full((2, 2), threshold * 0.5, dtype=dtype)
+        assert not flush_below_scale(Y, bad) and bool((Y == threshold * 0.5).all())

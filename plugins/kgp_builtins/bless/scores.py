@@ -9,14 +9,13 @@ n x n (the O(n^3) oracle of the tests is :func:`kgp_builtins.oracles.exact_lever
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import gpytorch
 import torch
 from torch import Tensor
 
-from kgp.linalg import flush_for_cholesky, psd_cholesky, tiny_fraction, zero_small_entries
+from kgp.linalg import flush_below_scale, flush_for_cholesky, psd_cholesky, zero_small_entries
 from kgp.operators import kernel_operator, plan_block_rows, row_slices
 
 from .checks import _check_inputs, _work_dtype
@@ -86,9 +85,7 @@ class _ScoreEstimator:
             kb = kernel_operator(self.kernel, xr[sl], self.XJ).to_dense().to(self.work_dtype)
             kb.mul_(self.s[None, :])
             # as W: the kernel's values far below its scale are 0 to the scores, and subnormal in the solve
-            scale = max(float(kb.abs().max()) if kb.numel() else 0.0, float(diag.abs().max()) * float(self.s.max()))
-            if math.isfinite(scale) and scale > 0:
-                zero_small_entries(kb, tiny_fraction(kb.dtype) * scale)
+            flush_below_scale(kb, max(float(kb.abs().max()), float(diag.abs().max()) * float(self.s.max())))
             v = torch.linalg.solve_triangular(self.chol, kb.T, upper=False)
             quad[sl] = v.pow(2).sum(0)
         floor = torch.finfo(self.work_dtype).eps * diag  # Schur complement >= 0; keep p > 0 under rounding
