@@ -78,6 +78,14 @@ def _entry(rank, world, port, out, task, args):
     except Exception as exc:
         result = {"error": type(exc).__name__, "message": str(exc)}
     torch.save(result, Path(out) / f"rank{rank}.pt")
+    if rank == 0:
+        # rank 0's process hosts the group's key-value store, which the other ranks may still be polling
+        # for a failure record (a task that raised on rank 0 first): leaving now would turn their
+        # expected error into "the store is unreachable". The parent releases rank 0 once the others ended.
+        release = Path(out) / "release_rank0"
+        deadline = time.monotonic() + JOIN_DEADLINE
+        while not release.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
     # No destroy_process_group (after a failed collective it may wait for the failed peer), and no
     # normal interpreter exit either: with a collective still pending, gloo's teardown can abort the
     # process ("terminate called without an active exception", exit -6; seen once in CI). The result
@@ -100,12 +108,15 @@ def _spawn(world: int, task, tmp_path: Path, *args, expect_dead: tuple[int, ...]
     """
     ctx = mp.get_context("spawn")
     port = _free_port()
+    (tmp_path / "release_rank0").unlink(missing_ok=True)  # a run before in the same folder released its own
     procs = [ctx.Process(target=_entry, args=(r, world, port, str(tmp_path), task, args)) for r in range(world)]
     for p in procs:
         p.start()
     deadline = time.monotonic() + JOIN_DEADLINE
-    for p in procs:
+    for p in procs[1:]:
         p.join(timeout=max(0.0, deadline - time.monotonic()))
+    (tmp_path / "release_rank0").touch()  # see _entry: rank 0 keeps the store up until the others ended
+    procs[0].join(timeout=max(0.0, deadline - time.monotonic()))
     hung = [r for r, p in enumerate(procs) if p.is_alive()]
     for r in hung:
         procs[r].kill()
