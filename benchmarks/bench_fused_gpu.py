@@ -3,7 +3,10 @@
 For each shape (n x M x d) and kernel family, in float32: one FALKON pass ``K^T (K v + w)``
 (``op.fused_matmul``), timed three ways in the same process:
 
-* fused: the Triton kernels of :mod:`kgp.operators.fused_gpu` (tiles in registers);
+* fused: the Triton kernels of :mod:`kgp.operators.fused_gpu` (tiles in registers), with the distance
+  part on the tensor cores (3xTF32, the default on compute capability 8.0 and up);
+* FMA loop: the same kernels with the distance part as an FMA loop on the CUDA cores
+  (``fused_gpu.TENSOR_CORES = False``, the only form before 2026-11-28);
 * blocked: ``kgp.settings.fused_kernels("never")``, 256 MiB blocks (the previous default);
 * stored: ``kernel_cache("auto")`` with K kept on the card, where it fits the card's free memory
   (the pass is then two reads of K).
@@ -29,6 +32,7 @@ from device_timing import best_time, synchronize
 
 import kgp
 from kgp import settings
+from kgp.operators import fused_gpu
 from kgp.operators.fused_gpu import fused_applies
 
 # float32 only: the fused path refuses float64, where it measured slower (kgp.operators.fused_gpu)
@@ -67,8 +71,8 @@ def main() -> None:
     rates = {name: gemm_rate(DTYPES[name], device) for name in args.dtypes.split(",")}
     print("GEMM rate (torch.mm 8192^2): " + ", ".join(f"{k} {v / 1e12:.1f} TFLOP/s" for k, v in rates.items()))
     header = (
-        "| n x M x d | family | dtype | fused ms | first call s | blocked ms | stored ms | blocked / fused"
-        " | fused / GEMM bound | max rel diff |"
+        "| n x M x d | family | dtype | fused ms | first call s | FMA loop ms | first call s | blocked ms"
+        " | stored ms | blocked / fused | FMA loop / fused | fused / GEMM bound | max rel diff | FMA max rel diff |"
     )
     print(header)
     print("|---" * (header.count("|") - 1) + "|")
@@ -85,20 +89,27 @@ def main() -> None:
                 X, Z, v, w = (t.to(device, dtype) for t in (X64, Z64, v64, w64))
                 k = kernel(family, d, dtype).to(device)
                 with torch.no_grad(), settings.kernel_cache("never"), settings.fused_kernels("auto"):
-                    op = kgp.kernel_operator(k, X, Z)
-                    assert fused_applies(op, 1), "the fused kernels do not apply (is Triton installed?)"
-                    synchronize(device)
-                    t0 = time.perf_counter()
-                    fused_out = op.fused_matmul(v, w)
-                    synchronize(device)
-                    first = time.perf_counter() - t0
-                    fused = pass_time(op, v, w, args.reps, device)
+                    runs = {}
+                    for form in (True, False):
+                        fused_gpu.TENSOR_CORES = form
+                        op = kgp.kernel_operator(k, X, Z)
+                        assert fused_applies(op, 1), "the fused kernels do not apply (is Triton installed?)"
+                        synchronize(device)
+                        t0 = time.perf_counter()
+                        out = op.fused_matmul(v, w)
+                        synchronize(device)
+                        first = time.perf_counter() - t0
+                        runs[form] = (out, first, pass_time(op, v, w, args.reps, device))
+                        del op
+                    fused_gpu.TENSOR_CORES = True
+                    (fused_out, first, fused), (fma_out, fma_first, fma) = runs[True], runs[False]
                     with settings.fused_kernels("never"):
                         blocked_op = kgp.kernel_operator(k, X, Z)
                         blocked_out = blocked_op.fused_matmul(v, w)
                         blocked = pass_time(blocked_op, v, w, args.reps, device)
                     del blocked_op
                 diff = float((fused_out - blocked_out).abs().max() / blocked_out.abs().max())
+                fma_diff = float((fma_out - blocked_out).abs().max() / blocked_out.abs().max())
                 stored = float("nan")
                 free, _ = torch.cuda.mem_get_info(device)
                 if n * m * dtype.itemsize < 0.6 * free:
@@ -112,8 +123,8 @@ def main() -> None:
                 bound = 2 * n * m * (d + 2) / rates[name]
                 print(
                     f"| {n:,} x {m:,} x {d} | {family} | {name} | {fused * 1e3:.2f} | {first:.1f} | "
-                    f"{blocked * 1e3:.2f} | {stored * 1e3:.2f} | {blocked / fused:.2f} | {fused / bound:.2f} | "
-                    f"{diff:.1e} |",
+                    f"{fma * 1e3:.2f} | {fma_first:.1f} | {blocked * 1e3:.2f} | {stored * 1e3:.2f} | "
+                    f"{blocked / fused:.2f} | {fma / fused:.2f} | {fused / bound:.2f} | {diff:.1e} | {fma_diff:.1e} |",
                     flush=True,
                 )
 

@@ -30,9 +30,12 @@ timeout 90 $PY benchmarks/bench_fused_gpu.py --shapes 200000x2000x8,200000x10000
     | tee "$OUT/fused.md"
 echo "== the same at n = 1e6, M = 10,000, d = 28 (RBF)"
 timeout 90 $PY benchmarks/bench_fused_gpu.py --shapes 1000000x10000x28 --families rbf 2>&1 | tee -a "$OUT/fused.md"
-echo "== the 1e6 x 28 row at M = 10,000 (float32): blocked, then fused"
-timeout 60 $PY benchmarks/bench_falkon.py --only-scale --device cuda 2>&1 | tee "$OUT/scale.md"
+echo "== the 1e6 x 28 row at M = 10,000 (float32): blocked, then fused (the default on tensor-core cards)"
+KGP_FUSED_KERNELS=never timeout 60 $PY benchmarks/bench_falkon.py --only-scale --device cuda 2>&1 | tee "$OUT/scale.md"
 KGP_FUSED_KERNELS=auto timeout 90 $PY benchmarks/bench_falkon.py --only-scale --device cuda 2>&1 | tee -a "$OUT/scale.md"
+echo "== tile shapes of the tensor-core kernels"
+timeout 150 $PY benchmarks/bench_fused_tiles.py --shapes 200000x2000x8,200000x10000x8,200000x20000x8 2>&1 | tee "$OUT/tiles.md"
+timeout 100 $PY benchmarks/bench_fused_tiles.py --shapes 200000x10000x20,1000000x10000x28 --families rbf 2>&1 | tee -a "$OUT/tiles.md"
 fi
 
 if [[ $STEPS == *" tests "* ]]; then
@@ -47,8 +50,9 @@ echo "== kernel pass against block size (n = 1e6, M = 10,000, d = 28)"
 timeout 90 $PY benchmarks/bench_block_size.py --device cuda --n 1000000 --m 10000 --d 28 \
     --mib 8,32,64,128,256,512,1024,2048 --reps 3 2>&1 | tee "$OUT/blocks.md"
 
-echo "== the 1e6 x 28 row at M = 10,000 (float32)"
-timeout 150 $PY benchmarks/bench_falkon.py --only-scale --device cuda 2>&1 | tee "$OUT/scale.md"
+echo "== the 1e6 x 28 row at M = 10,000 (float32), blocked and fused"
+KGP_FUSED_KERNELS=never timeout 150 $PY benchmarks/bench_falkon.py --only-scale --device cuda 2>&1 | tee -a "$OUT/scale.md"
+timeout 150 $PY benchmarks/bench_falkon.py --only-scale --device cuda 2>&1 | tee -a "$OUT/scale.md"
 
 echo "== roofline on the card"
 timeout 150 $PY benchmarks/bench_roofline.py --device cuda --n 200000 --m 2000,5000,10000,20000 \

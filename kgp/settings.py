@@ -294,16 +294,18 @@ unless asked. ``"auto"``: from the operator's second product on, keep K(X, Z) wh
 
 fused_kernels = _Setting(
     "fused_kernels",
-    _env_value("KGP_FUSED_KERNELS", "never", _choice("KGP_FUSED_KERNELS", ("auto", "never"))),
-    _choice("fused_kernels", ("auto", "never")),
+    _env_value("KGP_FUSED_KERNELS", "auto", _choice("KGP_FUSED_KERNELS", ("auto", "always", "never"))),
+    _choice("fused_kernels", ("auto", "always", "never")),
 )
 """Whether kernel products on a GPU may run in fused Triton kernels (env ``KGP_FUSED_KERNELS``).
 
-``"never"`` (default): always the blocked pass. ``"auto"``: float32 single-column products with an RBF
-or Matern 3/2 / 5/2 kernel on a CUDA device form kernel tiles in registers when Triton is installed
-(:mod:`kgp.operators.fused_gpu`: 2.5-2.8x faster than the blocked pass with an RBF kernel, 4.9-5.5x
-with Matern 5/2 at d = 8 on an H200; not yet the default, because its one run at d = 28 did not finish,
-docs/backend.md "On a GPU"). The CPU always runs the blocked pass."""
+``"auto"`` (default): float32 single-column products with an RBF or Matern 3/2 / 5/2 kernel on a CUDA
+card with TF32 tensor cores (compute capability 8.0 on) form kernel tiles in registers, their distance
+part on the tensor cores in 3xTF32 (float32 accuracy), when Triton is installed (:mod:`kgp.operators.fused_gpu`:
+0.11-0.25x the blocked pass's time on an H200, 2026-11-28, docs/backend.md "Tensor cores for the fused
+pass"); otherwise the blocked pass, silently. ``"always"``: older cards too, with the distance part as an
+FMA loop whose tile shape is tuned on first use (2-16 s), and a warning where Triton is not usable.
+``"never"``: always the blocked pass. The CPU always runs the blocked pass."""
 
 max_exact_size = _Setting("max_exact_size", _env_int("KGP_MAX_EXACT_SIZE", 20_000), _positive_int("max_exact_size"))
 """Largest n for which dense O(n^2)-memory routines (exact solver, exact leverage scores) run."""

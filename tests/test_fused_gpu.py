@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import gpytorch
 import pytest
@@ -59,16 +60,18 @@ def tolerance(dtype: torch.dtype, n: int, d: int) -> float:
 def test_fused_kernels_never_run_on_the_cpu():
     X, Z, _, _ = problem(50, 10, 3)
     op = kgp.kernel_operator(kernel("rbf", 3, F32), X.float(), Z.float())
-    with kgp.settings.fused_kernels("auto"):
-        assert not fused_applies(op, 1)
+    for mode in ("auto", "always"):
+        with kgp.settings.fused_kernels(mode):
+            assert not fused_applies(op, 1)
 
 
-def test_fused_kernels_setting_validates_its_value_and_is_off_by_default():
-    assert kgp.settings.fused_kernels.value() == "never"
+def test_fused_kernels_setting_validates_its_value_and_defaults_to_auto():
+    assert kgp.settings.fused_kernels.value() == "auto"
     with pytest.raises(ValueError, match="fused_kernels"):
         kgp.settings.fused_kernels("sometimes")
-    with kgp.settings.fused_kernels("auto"):
-        assert kgp.settings.fused_kernels.value() == "auto"
+    for mode in ("always", "never", "auto"):
+        with kgp.settings.fused_kernels(mode):
+            assert kgp.settings.fused_kernels.value() == mode
 
 
 def test_fused_kernels_apply_only_where_they_were_measured_faster(monkeypatch):
@@ -89,7 +92,14 @@ def test_fused_kernels_apply_only_where_they_were_measured_faster(monkeypatch):
     with kgp.settings.fused_kernels("never"):
         assert not fused_applies(op, 1)  # the default
     assert not applies(op, k=2)  # several columns: the blocked pass's GEMMs
+    # the tensor-core form runs fixed tile shapes: no tuner, so no 1 GiB floor on the budget
+    assert fused_gpu._form(X32.device) == "dot"
+    assert applies(op, budget=fused_gpu.TUNING_BUDGET - 1)
+    assert not applies(op, budget=4 * 60 * 5 * 4 - 1)  # the transposed rows must fit the budget
+    monkeypatch.setattr(fused_gpu, "TENSOR_CORES", False)  # the FMA loop: tuned on first use
+    assert applies(op)
     assert not applies(op, budget=fused_gpu.TUNING_BUDGET - 1)  # tuning would exceed the budget
+    monkeypatch.setattr(fused_gpu, "TENSOR_CORES", True)
     assert not applies(kgp.kernel_operator(kernel("rbf", 3, F64), X, Z))  # float64: measured slower
     assert not applies(kgp.kernel_operator(kernel("rbf", 3, F32), X32, Z32, distance_dtype=F64))
     assert not applies(kgp.kernel_operator(kernel("rbf", 3, F32), Z32, Z32))  # K(X, X): exact diagonal
@@ -109,19 +119,56 @@ def test_fused_kernels_apply_only_where_they_were_measured_faster(monkeypatch):
         assert not applies(stored)  # reading the stored K is faster still
 
 
-def test_fused_kernels_without_triton_warn_and_fall_back(monkeypatch):
+def test_fused_kernels_without_triton_fall_back_and_warn_only_when_asked_for(monkeypatch):
     if importlib.util.find_spec("triton") is not None:
         pytest.skip("Triton is installed here")
     monkeypatch.setattr(fused_gpu, "_interpreting", lambda: True)  # past the device check, to the import
     fused_gpu._kernels.cache_clear()
+    fused_gpu._triton_error.cache_clear()
     X, Z, _, _ = problem(40, 8, 3)
     op = kgp.kernel_operator(kernel("rbf", 3, F32), X.float(), Z.float())
     try:
-        with kgp.settings.fused_kernels("auto"), kgp.settings.memory_budget(2**31):
+        with kgp.settings.fused_kernels("always"), kgp.settings.memory_budget(2**31):
             with pytest.warns(RuntimeWarning, match="Triton is not usable"):
                 assert not fused_applies(op, 1)
+        with kgp.settings.fused_kernels("auto"), kgp.settings.memory_budget(2**31), warnings.catch_warnings():
+            warnings.simplefilter("error")  # the default: the blocked pass, without a word
+            assert not fused_applies(op, 1)
     finally:
         fused_gpu._kernels.cache_clear()
+        fused_gpu._triton_error.cache_clear()
+
+
+def test_auto_leaves_cards_without_tensor_cores_to_the_blocked_pass(monkeypatch):
+    monkeypatch.setattr(fused_gpu, "_interpreting", lambda: True)
+    monkeypatch.setattr(fused_gpu, "_kernels", lambda: object())
+    monkeypatch.setattr(fused_gpu, "_tensor_cores", lambda device: False)  # a card before compute capability 8.0
+    X, Z, _, _ = problem(60, 12, 3)
+    op = kgp.kernel_operator(kernel("rbf", 3, F32), X.float(), Z.float())
+    assert fused_gpu._form(X.device) == "fma"
+    with kgp.settings.memory_budget(2**31):
+        with kgp.settings.fused_kernels("auto"):
+            assert not fused_applies(op, 1)
+        with kgp.settings.fused_kernels("always"):  # the tuned FMA loop, where a user asks for it
+            assert fused_applies(op, 1)
+
+
+@pytest.mark.parametrize("tensor_cores", [True, False])
+def test_only_the_fma_loop_leaves_k_to_be_stored(monkeypatch, tensor_cores):
+    # the tensor-core form was faster than reading a stored K (docs/backend.md): it never stores one,
+    # so FALKON's kernel_cache="auto" keeps the n x M matrix off the card; the FMA loop stores it as before
+    monkeypatch.setattr(fused_gpu, "_interpreting", lambda: True)
+    monkeypatch.setattr(fused_gpu, "_kernels", lambda: object())
+    monkeypatch.setattr(fused_gpu, "TENSOR_CORES", tensor_cores)
+    X, Z, _, _ = problem(60, 12, 3)
+    with kgp.settings.kernel_cache("auto"), kgp.settings.memory_budget(2**31), torch.no_grad():
+        op = kgp.kernel_operator(kernel("rbf", 3, F32), X.float(), Z.float())
+        uses = [fused_gpu.use_fused(op, 1) for _ in range(3)]
+    if tensor_cores:
+        assert uses == [True, True, True] and op._cache.get("stored") is None
+    else:
+        assert uses == [True, False, False]  # K is stored at the second use and read from then on
+        assert op._cache.get("stored") is not None
 
 
 # (family, d): d = 20 takes the kernels' loop over DIM = 22 > UNROLL_DIM instead of the unrolled steps
@@ -129,8 +176,14 @@ CASES = [("rbf", 6), ("matern32", 6), ("matern52", 6), ("rbf", 20)]
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("form", ["dot", "fma"])
 @pytest.mark.parametrize("family,d", CASES)
-def test_fused_products_on_cuda_match_the_dense_oracle(family, d):
+def test_fused_products_on_cuda_match_the_dense_oracle(family, d, form, monkeypatch):
+    """Both forms of the distance part: tensor cores (3xTF32, compute capability 8.0 on) and the FMA loop."""
+    if form == "dot" and torch.cuda.get_device_capability() < (8, 0):
+        pytest.skip("TF32 tensor cores need compute capability 8.0")
+    monkeypatch.setattr(fused_gpu, "TENSOR_CORES", form == "dot")
+    assert fused_gpu._form(torch.device("cuda")) == form
     n, m = 20_000, 700  # several row splits of the K^T u kernel and a partial last tile
     X, Z, v, w = problem(n, m, d)
     k64 = kernel(family, d, F64)
@@ -149,8 +202,9 @@ def test_fused_products_on_cuda_match_the_dense_oracle(family, d):
     for name, value in got.items():
         assert value.device.type == "cuda" and value.dtype == F32
         assert rel(value, oracle[name]) < tol, name
-    # against the blocked pass on the same float32 inputs: only the exponent's summation order differs
-    # (the FMA loop against the GEMM), no sum over n; a TF32 exponent would be off by ~1e-3
+    # against the blocked pass on the same float32 inputs: only the exponent's rounding differs (the FMA
+    # loop's order, or 3xTF32's dropped low-by-low product, ~eps32 relative), no sum over n; a plain TF32
+    # exponent would be off by ~1e-3
     assert rel(got["fused"], blocked) < 20 * EPS[F32] * (d + 2) * d
     assert wide.dtype == F64 and rel(wide, oracle["fused"]) < tol
 
@@ -230,10 +284,14 @@ def test_fused_kernels_under_the_triton_interpreter_match_the_blocked_pass():
         import torch
         import kgp
         from test_fused_gpu import kernel, problem, rel, tolerance
+        from kgp.operators import fused_gpu
         from kgp.operators.fused_gpu import fused_applies
         kgp.settings.fused_kernels("auto")
         kgp.settings.memory_budget(2**31)  # the fused path needs 1 GiB (Triton's tuner); RAM / 5 may be less
-        for family, d in (("rbf", 4), ("matern52", 4), ("matern32", 4), ("rbf", 20)):
+        cases = [(family, d, tc) for tc in (True, False) for family, d in
+                 (("rbf", 4), ("matern52", 4), ("matern32", 4), ("rbf", 20))]
+        for family, d, tc in cases:
+            fused_gpu.TENSOR_CORES = tc  # both forms: tl.dot (3xTF32 on a card) and the FMA loop
             dtype = torch.float32
             X, Z, v, w = problem(300, 70, d)
             k = kernel(family, d, dtype)

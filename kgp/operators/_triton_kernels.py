@@ -7,9 +7,16 @@ matrix never reaches memory: a tile is formed, used once and dropped, so the two
 ``u = K v + w`` and ``K^T u`` each form every tile once (KeOps-style recomputation), where the blocked
 path writes every block, reads it for the exponential and twice more for the products.
 
-The distance part is an explicit ``DIM``-step FMA loop instead of ``tl.dot``: with ``DIM = d + 2``
-(10-30 on the UCI sets) a tensor-core product would pad to 16 or 32 and, in float32, round its inputs
-to TF32 (a 1e-3 relative error in the exponent), which the blocked path's float32 GEMM does not do.
+Two forms of the distance part, the same nonlinearity and products after it:
+
+- ``rows_pass`` / ``cols_pass``: an explicit ``DIM``-step FMA loop on the CUDA cores, the exact float32
+  arithmetic of the blocked path's GEMM; any card.
+- ``rows_pass_dot`` / ``cols_pass_dot``: ``tl.dot`` on the tensor cores with ``input_precision="tf32x3"``
+  (each float32 operand split into a TF32 high part and a TF32 remainder, three products accumulated in
+  float32), ``DIM`` padded with zeros to ``DPAD``, a power of two of at least 16. Plain TF32 would err by
+  1e-3 to 1 in the kernel values of the UCI sets with learned ARD lengthscales; the split form erred by
+  1.0-1.6x the float32 GEMM's error on all 15 sets (emulated on the CPU, docs/backend.md "Tensor cores
+  for the fused pass"), so it keeps the blocked path's accuracy. Compute capability 8.0 and up.
 """
 
 from __future__ import annotations
@@ -58,7 +65,12 @@ def _tile(
             b = tl.load(cols_t + k * m + offs_m, mask=mask_m, other=0.0)
             t += a[:, None] * b[None, :]
     # wider distances (float64 for a float32 operator) are rounded once, before the nonlinearity
-    t = t.to(out_dtype)
+    return _nonlinear(t.to(out_dtype), FAMILY, LOW, HIGH)
+
+
+@triton.jit
+def _nonlinear(t, FAMILY: tl.constexpr, LOW: tl.constexpr, HIGH: tl.constexpr):
+    """The kernel values from the augmented product ``t``, as :meth:`KernelRecipe.fill` computes them."""
     if FAMILY == 0:
         # the inputs fold in log2(e): t is the base-2 exponent, floored so that results stay normal
         e = tl.exp2(tl.minimum(tl.maximum(t, LOW), HIGH))
@@ -144,12 +156,102 @@ def cols_pass(
     tl.store(part + pid_s * m + offs_m, acc, mask=mask_m)
 
 
-def autotuned(kernel, key: list[str]):
+@triton.jit
+def _row_tile(rows_t, n, offs_n, mask_n, DIM: tl.constexpr, DPAD: tl.constexpr):
+    """Rows ``offs_n`` of the augmented inputs as a ``BLOCK_N x DPAD`` tile, zero beyond ``DIM``."""
+    kk = tl.arange(0, DPAD)
+    mask = mask_n[:, None] & (kk < DIM)[None, :]
+    return tl.load(rows_t + kk[None, :] * n + offs_n[:, None], mask=mask, other=0.0)
+
+
+@triton.jit
+def _col_tile(cols_t, m, offs_m, mask_m, DIM: tl.constexpr, DPAD: tl.constexpr):
+    """Columns ``offs_m`` of the augmented inputs as a ``DPAD x BLOCK_M`` tile, zero beyond ``DIM``."""
+    kk = tl.arange(0, DPAD)
+    mask = (kk < DIM)[:, None] & mask_m[None, :]
+    return tl.load(cols_t + kk[:, None] * m + offs_m[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
+def rows_pass_dot(
+    rows_t,
+    cols_t,
+    v,
+    w,
+    u,
+    n,
+    m,
+    DIM: tl.constexpr,
+    DPAD: tl.constexpr,
+    FAMILY: tl.constexpr,
+    LOW: tl.constexpr,
+    HIGH: tl.constexpr,
+    HAS_W: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):
+    """:func:`rows_pass` with the distance part on the tensor cores (3xTF32); the row tile is loaded once."""
+    pid = tl.program_id(0)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < n
+    a = _row_tile(rows_t, n, offs_n, mask_n, DIM, DPAD)
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for start in range(0, m, BLOCK_M):
+        offs_m = start + tl.arange(0, BLOCK_M)
+        mask_m = offs_m < m
+        b = _col_tile(cols_t, m, offs_m, mask_m, DIM, DPAD)
+        e = _nonlinear(tl.dot(a, b, input_precision="tf32x3"), FAMILY, LOW, HIGH)
+        vv = tl.load(v + offs_m, mask=mask_m, other=0.0)
+        acc += tl.sum(e * vv[None, :], axis=1)
+    if HAS_W:
+        acc += tl.load(w + offs_n, mask=mask_n, other=0.0)
+    tl.store(u + offs_n, acc, mask=mask_n)
+
+
+@triton.jit
+def cols_pass_dot(
+    rows_t,
+    cols_t,
+    u,
+    part,
+    n,
+    m,
+    rows_per_split,
+    DIM: tl.constexpr,
+    DPAD: tl.constexpr,
+    FAMILY: tl.constexpr,
+    LOW: tl.constexpr,
+    HIGH: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):
+    """:func:`cols_pass` with the distance part on the tensor cores (3xTF32); the column tile is loaded once."""
+    pid_m = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask_m = offs_m < m
+    b = _col_tile(cols_t, m, offs_m, mask_m, DIM, DPAD)
+    acc = tl.zeros((BLOCK_M,), dtype=part.dtype.element_ty)
+    first = pid_s * rows_per_split
+    last = tl.minimum(first + rows_per_split, n)
+    for start in range(first, last, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < last
+        a = _row_tile(rows_t, n, offs_n, mask_n, DIM, DPAD)
+        e = _nonlinear(tl.dot(a, b, input_precision="tf32x3"), FAMILY, LOW, HIGH)
+        uu = tl.load(u + offs_n, mask=mask_n, other=0.0)
+        acc += tl.sum(e * uu[:, None], axis=0).to(part.dtype.element_ty)
+    tl.store(part + pid_s * m + offs_m, acc, mask=mask_m)
+
+
+# (BLOCK_N, BLOCK_M, warps): the FMA loop's shapes, and the tensor cores' (at least 16 a side, larger tiles)
+FMA_SHAPES = ((64, 64, 4), (128, 64, 4), (64, 128, 4), (128, 128, 8), (32, 128, 4), (128, 32, 4))
+DOT_SHAPES = ((64, 64, 4), (128, 64, 4), (64, 128, 4), (128, 128, 8), (256, 64, 8), (64, 256, 8))
+
+
+def autotuned(kernel, key: list[str], shapes=FMA_SHAPES):
     """``kernel`` tuned over tile shapes on first use per key (a few configs: each costs a compile)."""
-    configs = [
-        triton.Config({"BLOCK_N": bn, "BLOCK_M": bm}, num_warps=warps)
-        for bn, bm, warps in ((64, 64, 4), (128, 64, 4), (64, 128, 4), (128, 128, 8), (32, 128, 4), (128, 32, 4))
-    ]
+    configs = [triton.Config({"BLOCK_N": bn, "BLOCK_M": bm}, num_warps=warps) for bn, bm, warps in shapes]
     options = {}
     if "cache_results" in inspect.signature(triton.autotune).parameters:
         # the chosen shape goes to Triton's on-disk cache, so a later process compiles one config instead

@@ -10,26 +10,32 @@ two tile evaluations and no block memory at all.
 Used by :class:`~kgp.operators.products.StreamingProducts` when all of these hold (else the blocked
 path runs, with identical semantics):
 
-- :data:`kgp.settings.fused_kernels` is ``"auto"`` (opt-in: the default is ``"never"``, see below);
-- the operator lives on a CUDA device and Triton is importable;
+- :data:`kgp.settings.fused_kernels` is ``"auto"`` (the default) and the card has TF32 tensor cores
+  (compute capability 8.0 and up: A100, H100, H200, L4, RTX 30xx on), or it is ``"always"`` (older cards
+  too, with the FMA loop);
+- the operator lives on a CUDA device and Triton is importable (without it ``"auto"`` falls back to the
+  blocked pass silently, ``"always"`` with a warning);
 - float32, with float32 distances: in float64 the FMA loop runs on the card's float64 units (half
   the float32 rate) and ``exp2`` is a software routine, so the fused RBF pass took 1.7x the blocked
   one, whose distance GEMM runs on float64 tensor cores (H200, docs/backend.md);
-- a memory budget of at least :data:`TUNING_BUDGET` (the automatic budget is a fifth of the card's memory at
-  most, so on a card below about 5 GiB only a budget the user sets lets the fused kernels run);
+- for the FMA loop only, a memory budget of at least :data:`TUNING_BUDGET` (its tile shape is tuned on
+  first use; the tensor-core form runs fixed tile shapes, :data:`DOT_TILES`);
 - the family is ``rbf``, ``matern32`` or ``matern52`` (Matern 1/2 needs the blocked path's exact
   small-distance correction, the other families are GEMMs already);
 - one right-hand-side column (FALKON's conjugate-gradient loop, predictions);
 - ``x1`` and ``x2`` differ (on ``K(X, X)`` the blocked path sets the diagonal to exactly 1);
-- no stored ``K`` (``kernel_cache="auto"`` under the budget reads the stored matrix instead);
+- no stored ``K``. With the FMA loop, ``kernel_cache="auto"`` stores ``K`` under the budget and reads it
+  instead; the tensor-core form was faster than reading a stored ``K`` (H200, 2026-11-28: 3.5 against
+  4.8 ms at n = 200,000, M = 10,000, d = 8; 21.8 against 23.2 ms at n = 1e6, d = 28), so it never
+  stores one, which also keeps the ``n x M`` matrix off the card;
 - no autograd.
 
-Why opt-in: on an H200 (2026-11-27, float32, n = 200,000, d = 8, M = 2,000-20,000) the fused pass took
-0.36-0.40x the blocked pass's time with an RBF kernel and 0.18-0.20x with Matern 5/2, but the one run
-at d = 28 (n = 1e6, M = 10,000, inside a FALKON fit) did not finish within 80 s where the blocked fit
-took 2.9 s, and no card was left to find out why (tile-size tuning or register spills at ``DIM = 30``
-are the suspects; above ``DIM = 16`` the kernels now loop instead of unrolling). It becomes the default
-once that is measured.
+The default since 2026-11-28 (H200, float32, docs/backend.md "Tensor cores for the fused pass"): the
+tensor-core form took 0.11-0.25x the blocked pass's time (RBF and Matern 5/2, d = 8 and 28, M = 2,000 to
+20,000), 1.85x the card's float32 GEMM bound at n = 1e6, M = 10,000, d = 28, and a FALKON fit of that
+problem 1.99 s against 3.00 s blocked, at the same test MSE. Before, with only the FMA loop, the fused
+pass was opt-in: 5.8x the GEMM bound at d = 28 and 2-16 s of tile-shape tuning in a machine's first
+process.
 
 ``TRITON_INTERPRET=1`` runs the kernels on the CPU through Triton's interpreter (tests only).
 """
@@ -56,30 +62,71 @@ size with Triton's timer, which allocates a 256 MB buffer (to flush the L2 cache
 _INT32_LIMIT = 2**31 - 1
 
 
+DOT_TILES = {"rows": (256, 64, 8), "cols": (128, 64, 4)}
+"""Tile shape ``(BLOCK_N, BLOCK_M, warps)`` of the tensor-core kernels, fixed so that a first use compiles
+one variant and times none. ``benchmarks/bench_fused_tiles.py`` timed the six candidates on an H200
+(2026-11-28; RBF and Matern 5/2, d = 8, 20 and 28, M = 2,000 to 20,000): these two were within 1.05x
+(rows) and 1.02x (columns) of the best shape on every problem; the next best were 1.24x and 1.16x."""
+
+TENSOR_CORES = True
+"""Whether cards of compute capability 8.0 and up form the distance part on their tensor cores (3xTF32,
+:mod:`._triton_kernels`); ``False`` keeps the FMA loop everywhere (a switch for benchmarks and tests)."""
+
+
 @functools.cache
 def _kernels():
-    """The compiled-on-demand kernels, or ``None`` without Triton (checked once per process)."""
-    try:
-        from . import _triton_kernels as tk
-    except Exception as exc:  # not installed, or an install that fails to import: the blocked pass runs
-        warnings.warn(
-            f"kgp.settings.fused_kernels('auto'): Triton is not usable ({type(exc).__name__}: {exc}); "
-            "products run the blocked pass",
-            RuntimeWarning,
-            stacklevel=2,
-        )
+    """The compiled-on-demand launchers ``{"fma": (rows, cols), "dot": (rows, cols)}``, or ``None`` without
+    Triton (checked once per process; :func:`_triton_error` says why)."""
+    if _triton_error() is not None:
         return None
-    if _interpreting():
-        # the interpreter has no CUDA events to time configurations with: one fixed tile shape
-        def fixed(kernel):
-            return lambda grid, **kw: kernel[grid](BLOCK_N=32, BLOCK_M=32, **kw)
+    from . import _triton_kernels as tk
 
-        return tk, fixed(tk.rows_pass), fixed(tk.cols_pass)
-    # tuned once per compiled variant: a new M or n does not time the configurations again (each timing
-    # runs full passes, seconds at n = 1e6)
-    rows = tk.autotuned(tk.rows_pass, ["DIM", "FAMILY", "HAS_W"])
-    cols = tk.autotuned(tk.cols_pass, ["DIM", "FAMILY"])
-    return tk, (lambda grid, **kw: rows[grid](**kw)), (lambda grid, **kw: cols[grid](**kw))
+    if _interpreting():
+        # the interpreter has no CUDA events to time configurations with: one small fixed tile shape
+        def fixed(kernel, shape=(32, 32, 4)):
+            return lambda grid, **kw: kernel[grid](BLOCK_N=shape[0], BLOCK_M=shape[1], **kw)
+
+        return {
+            "fma": (fixed(tk.rows_pass), fixed(tk.cols_pass)),
+            "dot": (fixed(tk.rows_pass_dot), fixed(tk.cols_pass_dot)),
+        }
+
+    def fixed_shape(kernel, shape):
+        bn, bm, warps = shape
+        return lambda grid, **kw: kernel[grid](BLOCK_N=bn, BLOCK_M=bm, num_warps=warps, **kw)
+
+    # the FMA loop is tuned once per compiled variant: a new M or n does not time the configurations
+    # again (each timing runs full passes, seconds at n = 1e6)
+    def tuned(kernel, key):
+        tuned_kernel = tk.autotuned(kernel, key)
+        return lambda grid, **kw: tuned_kernel[grid](**kw)
+
+    return {
+        "fma": (tuned(tk.rows_pass, ["DIM", "FAMILY", "HAS_W"]), tuned(tk.cols_pass, ["DIM", "FAMILY"])),
+        "dot": (fixed_shape(tk.rows_pass_dot, DOT_TILES["rows"]), fixed_shape(tk.cols_pass_dot, DOT_TILES["cols"])),
+    }
+
+
+@functools.cache
+def _triton_error() -> str | None:
+    """Why Triton's kernels cannot be imported here, or ``None`` (checked once per process)."""
+    try:
+        from . import _triton_kernels  # noqa: F401
+    except Exception as exc:  # not installed, or an install that fails to import: the blocked pass runs
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def _tensor_cores(device: torch.device) -> bool:
+    """Whether ``device`` has TF32 tensor cores (compute capability 8.0 on; the CPU interpreter counts)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_capability(device) >= (8, 0)
+    return _interpreting()
+
+
+def _form(device: torch.device) -> str:
+    """``"dot"`` (tensor cores, 3xTF32) where the card has TF32 tensor cores and :data:`TENSOR_CORES` is set."""
+    return "dot" if TENSOR_CORES and _tensor_cores(device) else "fma"
 
 
 def _interpreting() -> bool:
@@ -92,33 +139,47 @@ def fused_applies(op, k: int, *rhs: Tensor) -> bool:
     A pure query (the conditions in the module docstring), except that a stored ``K`` is only seen once
     it exists; :func:`use_fused` is what the products call.
     """
-    if settings.fused_kernels.value() != "auto" or k != 1 or op.recipe.family not in _FAMILIES:
+    mode = settings.fused_kernels.value()
+    if mode == "never" or k != 1 or op.recipe.family not in _FAMILIES:
         return False
     x1 = op.x1
     if x1.dtype != torch.float32 or op.distance_dtype is not None:
         return False
+    if not (x1.device.type == "cuda" or (_interpreting() and x1.device.type == "cpu")):
+        return False
+    if mode == "auto" and not _tensor_cores(x1.device):
+        return False  # the FMA loop alone was measured, on cards with tensor cores; "always" allows it
     n, m = op.shape_nm
     dim = x1.shape[1] + 2
     budget = settings.memory_budget.value(x1.device)
-    # the tuner's 256 MB buffer, and the transposed rows (n x DIM) the kernels read
-    if budget < TUNING_BUDGET or 4 * n * dim * x1.element_size() > budget:
-        return False
-    if not (x1.device.type == "cuda" or (_interpreting() and x1.device.type == "cpu")):
+    if _form(x1.device) == "fma" and budget < TUNING_BUDGET:
+        return False  # the tuner's 256 MB buffer
+    if 4 * n * dim * x1.element_size() > budget:  # the transposed rows (n x DIM) the kernels read
         return False
     if dim * max(n, m) > _INT32_LIMIT or op._needs_grad():
         return False
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in rhs):
         return False  # the kernels record no gradient; the blocked path's products do (or refuse)
     if _kernels() is None:
+        if mode == "always":
+            warnings.warn(
+                f"kgp.settings.fused_kernels('always'): Triton is not usable ({_triton_error()}); "
+                "products run the blocked pass",
+                RuntimeWarning,
+                stacklevel=3,
+            )
         return False
     op._check_cache()
     return not op._same_inputs() and op._cache.get("stored") is None
 
 
 def use_fused(op, k: int, *rhs: Tensor) -> bool:
-    """:func:`fused_applies`, then one use of the operator towards storing ``K`` (``kernel_cache="auto"``),
-    as a blocked product counts it: where ``K`` is stored from this use on, the products read it instead."""
-    return fused_applies(op, k, *rhs) and op._stored() is None
+    """:func:`fused_applies`; with the FMA loop, then one use of the operator towards storing ``K``
+    (``kernel_cache="auto"``), as a blocked product counts it: where ``K`` is stored from this use on, the
+    products read it instead. The tensor-core form is faster than a stored ``K`` and never stores one."""
+    if not fused_applies(op, k, *rhs):
+        return False
+    return _form(op.x1.device) == "dot" or op._stored() is None
 
 
 def _prepared(op) -> tuple[Tensor, Tensor]:
@@ -144,7 +205,7 @@ def _bounds(family: str, dtype: torch.dtype) -> tuple[float, float]:
 
 def rows_product(op, v: Tensor, w: Tensor | None = None) -> Tensor:
     """``K v + w`` (unscaled ``K``) for ``v`` of length ``m`` and ``w`` of length ``n``; length ``n``."""
-    tk, rows_kernel, _ = _kernels()
+    rows_kernel, _ = _kernels()[_form(op.x1.device)]
     rows_t, cols_t = _prepared(op)
     n, m = op.shape_nm
     dtype = op.x1.dtype
@@ -167,17 +228,25 @@ def _launch_rows(rows_kernel, rows_t, cols_t, v, w, u, n, m, family, low, high) 
         u=u,
         n=n,
         m=m,
-        DIM=rows_t.shape[0],
         FAMILY=_FAMILIES[family],
         LOW=low,
         HIGH=high,
         HAS_W=w is not None,
+        **_dims(rows_t.shape[0], u.device),
     )
+
+
+def _dims(dim: int, device: torch.device) -> dict:
+    """``DIM`` (the augmented width), and for the tensor-core kernels ``DPAD``, its zero-padded width."""
+    if _form(device) == "fma":
+        return {"DIM": dim}
+    return {"DIM": dim, "DPAD": max(16, 1 << (dim - 1).bit_length())}
 
 
 def cols_product(op, u: Tensor, out_dtype: torch.dtype) -> Tensor:
     """``K^T u`` (unscaled ``K``) for ``u`` of length ``n``, summed in float64 and returned in ``out_dtype``."""
-    _, _, cols_kernel = _kernels()
+    form = _form(op.x1.device)
+    _, cols_kernel = _kernels()[form]
     rows_t, cols_t = _prepared(op)
     n, m = op.shape_nm
     dtype = op.x1.dtype
@@ -195,11 +264,11 @@ def cols_product(op, u: Tensor, out_dtype: torch.dtype) -> Tensor:
             n=n,
             m=m,
             rows_per_split=rows_per_split,
-            out_dtype=_triton_dtype(dtype),
-            DIM=rows_t.shape[0],
             FAMILY=_FAMILIES[op.recipe.family],
             LOW=low,
             HIGH=high,
+            **_dims(rows_t.shape[0], op.x1.device),
+            **({"out_dtype": _triton_dtype(dtype)} if form == "fma" else {}),
         )
     return part.sum(0).to(out_dtype)
 
