@@ -164,6 +164,12 @@ def test_mixed_factors_hold_no_subnormal_float32_values(monkeypatch):
     tiny = torch.finfo(F32).tiny
     for factor in (prec.T, prec.A):
         assert int(((factor != 0) & (factor.abs() < tiny)).sum()) == 0
+        # nothing kept below eps32 / M of the factor's scale (the flush that also cuts the triangular
+        # solves' chains of subnormal intermediates), which the backward error below must absorb
+        scale = float(factor.diagonal().square().mean().sqrt())
+        floor = falkon_prec.factor_flush(factor.shape[0]) * scale
+        assert floor == pytest.approx(EPS32 / factor.shape[0] * scale)
+        assert int(((factor != 0) & (factor.abs() < 0.5 * floor)).sum()) == 0
     G = kgp.kernel_operator(rbf(1.0), Z, Z).to_dense()
     G.diagonal().add_(prec.shift)
     assert int(((G != 0) & (G.abs() < tiny)).sum()) > 0  # the matrix itself has entries in that range
