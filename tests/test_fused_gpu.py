@@ -96,7 +96,13 @@ def test_fused_kernels_apply_only_where_they_were_measured_faster(monkeypatch):
     assert fused_gpu._form(X32.device) == "dot"
     assert applies(op, budget=fused_gpu.TUNING_BUDGET - 1)
     assert not applies(op, budget=4 * 60 * 5 * 4 - 1)  # the transposed rows must fit the budget
+    # wider than the tensor-core kernels were measured for: the blocked pass (the FMA loop has no such cap)
+    d_wide = fused_gpu.DOT_MAX_DIM - 1
+    Xw, Zw, _, _ = problem(60, 12, d_wide)
+    assert not applies(kgp.kernel_operator(kernel("rbf", d_wide, F32), Xw.float(), Zw.float()))
+    assert applies(kgp.kernel_operator(kernel("rbf", d_wide - 1, F32), Xw[:, :-1].float(), Zw[:, :-1].float()))
     monkeypatch.setattr(fused_gpu, "TENSOR_CORES", False)  # the FMA loop: tuned on first use
+    assert applies(kgp.kernel_operator(kernel("rbf", d_wide, F32), Xw.float(), Zw.float()))
     assert applies(op)
     assert not applies(op, budget=fused_gpu.TUNING_BUDGET - 1)  # tuning would exceed the budget
     monkeypatch.setattr(fused_gpu, "TENSOR_CORES", True)

@@ -22,6 +22,7 @@ path runs, with identical semantics):
   first use; the tensor-core form runs fixed tile shapes, :data:`DOT_TILES`);
 - the family is ``rbf``, ``matern32`` or ``matern52`` (Matern 1/2 needs the blocked path's exact
   small-distance correction, the other families are GEMMs already);
+- for the tensor-core form, ``d + 2`` at most :data:`DOT_MAX_DIM`;
 - one right-hand-side column (FALKON's conjugate-gradient loop, predictions);
 - ``x1`` and ``x2`` differ (on ``K(X, X)`` the blocked path sets the diagonal to exactly 1);
 - no stored ``K``. With the FMA loop, ``kernel_cache="auto"`` stores ``K`` under the budget and reads it
@@ -67,6 +68,12 @@ DOT_TILES = {"rows": (256, 64, 8), "cols": (128, 64, 4)}
 one variant and times none. ``benchmarks/bench_fused_tiles.py`` timed the six candidates on an H200
 (2026-11-28; RBF and Matern 5/2, d = 8, 20 and 28, M = 2,000 to 20,000): these two were within 1.05x
 (rows) and 1.02x (columns) of the best shape on every problem; the next best were 1.24x and 1.16x."""
+
+DOT_MAX_DIM = 64
+"""Widest augmented input (``d + 2``) the tensor-core kernels take; wider operators run the blocked pass.
+The rows kernel keeps a ``BLOCK_N x DPAD`` tile live across its loop, so the register use grows with
+``DPAD``; measured on a card up to ``DIM = 30`` (``DPAD = 32``). At large ``d`` the distance GEMM, which the
+blocked pass runs at the card's GEMM rate, dominates the pass anyway."""
 
 TENSOR_CORES = True
 """Whether cards of compute capability 8.0 and up form the distance part on their tensor cores (3xTF32,
@@ -152,8 +159,11 @@ def fused_applies(op, k: int, *rhs: Tensor) -> bool:
     n, m = op.shape_nm
     dim = x1.shape[1] + 2
     budget = settings.memory_budget.value(x1.device)
-    if _form(x1.device) == "fma" and budget < TUNING_BUDGET:
+    form = _form(x1.device)
+    if form == "fma" and budget < TUNING_BUDGET:
         return False  # the tuner's 256 MB buffer
+    if form == "dot" and dim > DOT_MAX_DIM:
+        return False
     if 4 * n * dim * x1.element_size() > budget:  # the transposed rows (n x DIM) the kernels read
         return False
     if dim * max(n, m) > _INT32_LIMIT or op._needs_grad():
