@@ -69,11 +69,11 @@ one variant and times none. ``benchmarks/bench_fused_tiles.py`` timed the six ca
 (2026-11-28; RBF and Matern 5/2, d = 8, 20 and 28, M = 2,000 to 20,000): these two were within 1.05x
 (rows) and 1.02x (columns) of the best shape on every problem; the next best were 1.24x and 1.16x."""
 
-DOT_MAX_DIM = 64
+DOT_MAX_DIM = 32
 """Widest augmented input (``d + 2``) the tensor-core kernels take; wider operators run the blocked pass.
 The rows kernel keeps a ``BLOCK_N x DPAD`` tile live across its loop, so the register use grows with
-``DPAD``; measured on a card up to ``DIM = 30`` (``DPAD = 32``). At large ``d`` the distance GEMM, which the
-blocked pass runs at the card's GEMM rate, dominates the pass anyway."""
+``DPAD``. Only ``DPAD = 16`` and ``32`` were measured on a card (``DIM`` 10 to 30, 2026-11-28); ``DPAD = 64``
+is the next candidate to measure. At large ``d`` the distance GEMM dominates the pass anyway."""
 
 TENSOR_CORES = True
 """Whether cards of compute capability 8.0 and up form the distance part on their tensor cores (3xTF32,
