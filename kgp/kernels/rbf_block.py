@@ -12,7 +12,7 @@ one elementwise product, two reductions and two ``n x m x d`` GEMMs. Entries who
 distance rounded below zero (clamped) or that lie on the diagonal of ``K(X, X)`` (set to exactly zero)
 have ``u_a = v_b`` up to rounding, so their terms in these sums vanish to rounding as autograd's zero
 gradient there does. Squared distances above ``-2 EXP_FLOOR`` (:mod:`kgp.kernels.exp_floor`) give exactly
-0 (their true values lie below 1e-304 in float64, 1.8e-35 in float32), with a zero gradient, as autograd
+0 (their true values lie below 1e-304 in float64, 2.1e-19 in float32), with a zero gradient, as autograd
 through an underflowing ``exp`` gives.
 """
 

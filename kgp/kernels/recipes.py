@@ -148,7 +148,7 @@ class KernelRecipe:
         The exponent is floored at :data:`EXP_FLOOR` (in the same pass as the clamp that removes
         rounding noise): ``exp`` of arguments whose result is denormal or underflows ran 20-70x
         slower on the development CPU, and flush-to-zero did not help (docs/backend.md). Entries
-        below ``exp(EXP_FLOOR)`` (1.8e-35 in float32, 1e-304 in float64) become that value.
+        below ``exp(EXP_FLOOR)`` (2.1e-19 in float32, 1e-304 in float64) become that value.
         """
         if rows.dtype != out.dtype:
             torch.mm(rows, cols.T, out=exponent)
@@ -164,7 +164,7 @@ class KernelRecipe:
             return out
         if family == "polynomial":
             return out.pow_(self.power)
-        floor = EXP_FLOOR.get(out.dtype, -80.0)
+        floor = EXP_FLOOR.get(out.dtype, EXP_FLOOR[torch.float32])
         if family == "rbf":
             return out.clamp_(min=floor * _LOG2E, max=0.0).exp2_()
         # distance families: the GEMM gives a^2 with a = c r (c = log2 e, sqrt 3, sqrt 5 folded into the inputs)
