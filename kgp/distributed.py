@@ -65,6 +65,11 @@ _FIT_COUNTER = itertools.count()
 _FIRST_POLL = 5e-5
 _STORE_AFTER = 1e-3
 _MAX_POLL = 2e-2
+# a failure record found while a collective is still outstanding: how long the collective may take to
+# complete before this rank gives up on it. A peer that raised *after* the collective (a check every rank
+# repeats on the gathered values) recorded its error while this rank's completion was still in flight
+# (seen in CI: "rank 1 was waiting in gathering labels"); this rank then raises its own error instead.
+_GRACE = 0.25
 
 
 class DistributedError(RuntimeError):
@@ -148,7 +153,7 @@ class _Channel:
         delay = _FIRST_POLL
         while not work.is_completed():
             failure = self._failure() if delay >= _STORE_AFTER else None
-            if failure is not None:
+            if failure is not None and not _completes_within(work, _GRACE):
                 raise RankFailedError(f"distributed fit: {failure} (rank {self.rank} was waiting in {what})")
             if time.monotonic() > deadline:
                 raise DistributedError(
@@ -166,6 +171,16 @@ class _Channel:
             raise DistributedError(
                 f"distributed fit: {what} failed on rank {self.rank} ({exc}); another rank may have died"
             ) from exc
+
+
+def _completes_within(work: Any, seconds: float) -> bool:
+    """Whether the outstanding collective ``work`` completes within ``seconds`` (polled)."""
+    deadline = time.monotonic() + seconds
+    while not work.is_completed():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(_FIRST_POLL)
+    return True
 
 
 @dataclass(frozen=True)
