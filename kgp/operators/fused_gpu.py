@@ -58,8 +58,9 @@ __all__ = ["cols_product", "fused_applies", "rows_product", "use_fused"]
 
 _FAMILIES = {"rbf": 0, "matern32": 1, "matern52": 2}
 TUNING_BUDGET = 2**30
-"""Smallest memory budget under which the fused kernels run: their first call per shape tunes the tile
-size with Triton's timer, which allocates a 256 MB buffer (to flush the L2 cache between timings)."""
+"""Smallest memory budget under which the FMA-loop kernels run: their first call per variant tunes the tile
+size with Triton's timer, which allocates a 256 MB buffer (to flush the L2 cache between timings). The
+tensor-core kernels run fixed tile shapes and need no such floor."""
 _INT32_LIMIT = 2**31 - 1
 
 
