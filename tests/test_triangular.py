@@ -116,3 +116,29 @@ def test_bad_input_is_refused_with_the_argument_named():
         factor.solve(torch.ones(10))
     with pytest.raises(ValueError, match="B must have the factor's dtype"):
         factor.solve(torch.ones(10, 1, dtype=torch.float32))
+
+
+def test_solve_lower_wide_matches_a_float64_solve_and_leaves_no_subnormal_float32_entry():
+    # a factor whose forward substitution builds chains of ever smaller values: in float32 they go
+    # subnormal (slow on some CPUs); solve_lower_wide runs them in float64 and rounds the result once
+    from kgp.linalg import solve_lower_wide
+
+    g = torch.Generator().manual_seed(5)
+    M, k = 700, 9
+    x = torch.sort(torch.rand(M, generator=g, dtype=torch.float64) * 60).values
+    K = torch.exp(-((x[:, None] - x[None, :]) ** 2) / (2 * 0.05**2))  # far-apart points: tiny entries
+    K.diagonal().add_(1e-3)
+    L64 = torch.linalg.cholesky(K)
+    B64 = torch.exp(-((x[:, None] - torch.linspace(0, 60, k, dtype=torch.float64)[None, :]) ** 2))
+    L32, B32 = L64.float(), B64.float()
+    oracle = torch.linalg.solve_triangular(L32.double(), B32.double(), upper=False)
+    for block in (64, 512, 1024):
+        X = solve_lower_wide(L32, B32, block=block)
+        assert X.dtype == torch.float32
+        assert float((X.double() - oracle).abs().max() / oracle.abs().max()) < 4 * torch.finfo(torch.float32).eps
+        tiny = torch.finfo(torch.float32).tiny
+        assert int(((X != 0) & (X.abs() < tiny)).sum()) == 0
+    # float64 in, float64 out: LAPACK's solve itself
+    assert torch.equal(solve_lower_wide(L64, B64), torch.linalg.solve_triangular(L64, B64, upper=False))
+    with pytest.raises(ValueError, match="solve_lower_wide"):
+        solve_lower_wide(L32, B32[:-1])
