@@ -1,11 +1,11 @@
 """Tile shapes of the fused GPU kernels' tensor-core form, each timed on its own (one card, float32).
 
-For each shape (n x M x d) and kernel family, ``rows_pass_dot`` (``K v + w``) and ``cols_pass_dot``
-(``K^T u``) are launched with every candidate tile shape of :data:`kgp.operators._triton_kernels.DOT_SHAPES`
-and timed with ``triton.testing.do_bench`` (median, L2 flushed between runs). Prints each shape's time
-against the best for that problem, and the worst such ratio of each tile shape over all problems: the
-fixed shape that the default ``fused_kernels("auto")`` uses (no tuning on first use) is the one whose
-worst ratio is smallest.
+For each shape (n x M x d) and kernel family, ``rows_pass`` (``K v + w``) and ``cols_pass`` (``K^T u``),
+in their tensor-core form (``DOT=True``), are launched with every candidate tile shape of
+:data:`kgp.operators._triton_kernels.DOT_SHAPES` and timed with ``triton.testing.do_bench`` (median, L2
+flushed between runs). Prints each shape's time against the best for that problem, and the worst such
+ratio of each tile shape over all problems: the fixed shape that the default ``fused_kernels("auto")``
+uses (no tuning on first use) is the one whose worst ratio is smallest.
 
 Usage::
 
@@ -19,6 +19,7 @@ import argparse
 
 import torch
 import triton
+import triton.language as tl
 from triton.testing import do_bench
 
 import kgp
@@ -27,16 +28,16 @@ from kgp.operators import fused_gpu
 
 
 def _launcher(name: str, cfg: tuple[int, int, int], c: dict):
-    """A call that launches ``rows_pass_dot`` or ``cols_pass_dot`` with tile shape ``cfg`` on problem ``c``."""
+    """A call that launches ``rows_pass`` or ``cols_pass`` (tensor-core form), tile shape ``cfg``, problem ``c``."""
     bn, bm, warps = cfg
     tiles = dict(BLOCK_N=bn, BLOCK_M=bm, num_warps=warps, FAMILY=c["code"], LOW=c["low"], HIGH=c["high"], **c["dims"])
     if name == "rows":
         grid = (triton.cdiv(c["n"], bn),)
         args = (c["rows_t"], c["cols_t"], c["v"], c["u"], c["u"], c["n"], c["m"])
-        return lambda: tk.rows_pass_dot[grid](*args, HAS_W=True, **tiles)
+        return lambda: tk.rows_pass[grid](*args, HAS_W=True, **tiles)
     grid = (triton.cdiv(c["m"], bm), c["splits"])
     args = (c["rows_t"], c["cols_t"], c["u"], c["part"], c["n"], c["m"], c["splits_rows"])
-    return lambda: tk.cols_pass_dot[grid](*args, **tiles)
+    return lambda: tk.cols_pass[grid](*args, out_dtype=tl.float32, **tiles)
 
 
 def main() -> None:
@@ -63,7 +64,7 @@ def main() -> None:
                 op = kgp.kernel_operator(k, X, Z)
                 rows_t, cols_t = fused_gpu._prepared(op)
             low, high = fused_gpu._bounds(family, torch.float32)
-            dims = fused_gpu._dims(rows_t.shape[0], device)
+            dims = fused_gpu._dims(rows_t.shape[0], "dot")
             code = fused_gpu._FAMILIES[family]
             u = torch.empty(n, device=device)
             splits_rows = fused_gpu._rows_per_split(n, m, device)

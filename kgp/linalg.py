@@ -36,12 +36,12 @@ __all__ = [
     "gram_of_lower",
     "inverse_from_cholesky",
     "inverse_of_lower",
-    "solve_lower_wide",
     "largest_eigenvalue",
     "mirror_lower",
     "psd_cholesky",
     "smallest_eigenvalue_from_cholesky",
     "solve_lower_in_place",
+    "solve_lower_wide",
     "tiny_fraction",
     "zero_small_entries",
 ]

@@ -9,9 +9,9 @@ path writes every block, reads it for the exponential and twice more for the pro
 
 Two forms of the distance part, the same nonlinearity and products after it:
 
-- ``rows_pass`` / ``cols_pass``: an explicit ``DIM``-step FMA loop on the CUDA cores, the exact float32
-  arithmetic of the blocked path's GEMM; any card.
-- ``rows_pass_dot`` / ``cols_pass_dot``: ``tl.dot`` on the tensor cores with ``input_precision="tf32x3"``
+- ``DOT=False``: an explicit ``DIM``-step FMA loop on the CUDA cores, the exact float32 arithmetic of the
+  blocked path's GEMM; any card.
+- ``DOT=True``: ``tl.dot`` on the tensor cores with ``input_precision="tf32x3"``
   (each float32 operand split into a TF32 high part and a TF32 remainder, three products accumulated in
   float32), ``DIM`` padded with zeros to ``DPAD``, a power of two of at least 16. Plain TF32 would err by
   1e-3 to 1 in the kernel values of the UCI sets with learned ARD lengthscales; the split form erred by
@@ -94,6 +94,8 @@ def rows_pass(
     n,
     m,
     DIM: tl.constexpr,
+    DPAD: tl.constexpr,
+    DOT: tl.constexpr,
     FAMILY: tl.constexpr,
     LOW: tl.constexpr,
     HIGH: tl.constexpr,
@@ -101,15 +103,25 @@ def rows_pass(
     BLOCK_N: tl.constexpr,
     BLOCK_M: tl.constexpr,
 ):
-    """``u = K v (+ w)`` for one column: a program owns ``BLOCK_N`` rows and sweeps all ``m`` columns."""
+    """``u = K v (+ w)`` for one column: a program owns ``BLOCK_N`` rows and sweeps all ``m`` columns.
+
+    ``DOT``: the distance part on the tensor cores (3xTF32, the row tile loaded once, zero-padded to
+    ``DPAD``), else the FMA loop of :func:`_tile`.
+    """
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < n
+    if DOT:
+        a = _row_tile(rows_t, n, offs_n, mask_n, DIM, DPAD)
     acc = tl.zeros((BLOCK_N,), dtype=u.dtype.element_ty)
     for start in range(0, m, BLOCK_M):
         offs_m = start + tl.arange(0, BLOCK_M)
         mask_m = offs_m < m
-        e = _tile(rows_t, cols_t, n, m, offs_n, offs_m, mask_n, mask_m, u.dtype.element_ty, DIM, FAMILY, LOW, HIGH)
+        if DOT:
+            b = _col_tile(cols_t, m, offs_m, mask_m, DIM, DPAD)
+            e = _nonlinear(tl.dot(a, b, input_precision="tf32x3"), FAMILY, LOW, HIGH)
+        else:
+            e = _tile(rows_t, cols_t, n, m, offs_n, offs_m, mask_n, mask_m, u.dtype.element_ty, DIM, FAMILY, LOW, HIGH)
         vv = tl.load(v + offs_m, mask=mask_m, other=0.0)
         acc += tl.sum(e * vv[None, :], axis=1)
     if HAS_W:
@@ -128,6 +140,8 @@ def cols_pass(
     rows_per_split,
     out_dtype: tl.constexpr,
     DIM: tl.constexpr,
+    DPAD: tl.constexpr,
+    DOT: tl.constexpr,
     FAMILY: tl.constexpr,
     LOW: tl.constexpr,
     HIGH: tl.constexpr,
@@ -136,21 +150,28 @@ def cols_pass(
 ):
     """Partial sums of ``K^T u``: program ``(j, s)`` sums rows ``[s r, (s + 1) r)`` into ``part[s, j-tile]``.
 
-    A tile's column sums are taken in the kernel's dtype (a tree over ``BLOCK_N`` = 32-128 rows, whose
+    A tile's column sums are taken in the kernel's dtype (a tree over ``BLOCK_N`` = 32-256 rows, whose
     rounding grows with log2 of that), the running sum over tiles in ``part``'s dtype (float64), and the
     host sums the splits in float64: as accurate as the blocked path's 16-row runs of ``accumulate``.
+    ``DOT`` as in :func:`rows_pass` (the column tile loaded once).
     """
     pid_m = tl.program_id(0)
     pid_s = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = offs_m < m
+    if DOT:
+        b = _col_tile(cols_t, m, offs_m, mask_m, DIM, DPAD)
     acc = tl.zeros((BLOCK_M,), dtype=part.dtype.element_ty)
     first = pid_s * rows_per_split
     last = tl.minimum(first + rows_per_split, n)
     for start in range(first, last, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         mask_n = offs_n < last
-        e = _tile(rows_t, cols_t, n, m, offs_n, offs_m, mask_n, mask_m, out_dtype, DIM, FAMILY, LOW, HIGH)
+        if DOT:
+            a = _row_tile(rows_t, n, offs_n, mask_n, DIM, DPAD)
+            e = _nonlinear(tl.dot(a, b, input_precision="tf32x3"), FAMILY, LOW, HIGH)
+        else:
+            e = _tile(rows_t, cols_t, n, m, offs_n, offs_m, mask_n, mask_m, out_dtype, DIM, FAMILY, LOW, HIGH)
         uu = tl.load(u + offs_n, mask=mask_n, other=0.0)
         acc += tl.sum(e * uu[:, None], axis=0).to(part.dtype.element_ty)
     tl.store(part + pid_s * m + offs_m, acc, mask=mask_m)
@@ -170,78 +191,6 @@ def _col_tile(cols_t, m, offs_m, mask_m, DIM: tl.constexpr, DPAD: tl.constexpr):
     kk = tl.arange(0, DPAD)
     mask = (kk < DIM)[:, None] & mask_m[None, :]
     return tl.load(cols_t + kk[:, None] * m + offs_m[None, :], mask=mask, other=0.0)
-
-
-@triton.jit
-def rows_pass_dot(
-    rows_t,
-    cols_t,
-    v,
-    w,
-    u,
-    n,
-    m,
-    DIM: tl.constexpr,
-    DPAD: tl.constexpr,
-    FAMILY: tl.constexpr,
-    LOW: tl.constexpr,
-    HIGH: tl.constexpr,
-    HAS_W: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-):
-    """:func:`rows_pass` with the distance part on the tensor cores (3xTF32); the row tile is loaded once."""
-    pid = tl.program_id(0)
-    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_n = offs_n < n
-    a = _row_tile(rows_t, n, offs_n, mask_n, DIM, DPAD)
-    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for start in range(0, m, BLOCK_M):
-        offs_m = start + tl.arange(0, BLOCK_M)
-        mask_m = offs_m < m
-        b = _col_tile(cols_t, m, offs_m, mask_m, DIM, DPAD)
-        e = _nonlinear(tl.dot(a, b, input_precision="tf32x3"), FAMILY, LOW, HIGH)
-        vv = tl.load(v + offs_m, mask=mask_m, other=0.0)
-        acc += tl.sum(e * vv[None, :], axis=1)
-    if HAS_W:
-        acc += tl.load(w + offs_n, mask=mask_n, other=0.0)
-    tl.store(u + offs_n, acc, mask=mask_n)
-
-
-@triton.jit
-def cols_pass_dot(
-    rows_t,
-    cols_t,
-    u,
-    part,
-    n,
-    m,
-    rows_per_split,
-    DIM: tl.constexpr,
-    DPAD: tl.constexpr,
-    FAMILY: tl.constexpr,
-    LOW: tl.constexpr,
-    HIGH: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-):
-    """:func:`cols_pass` with the distance part on the tensor cores (3xTF32); the column tile is loaded once."""
-    pid_m = tl.program_id(0)
-    pid_s = tl.program_id(1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    mask_m = offs_m < m
-    b = _col_tile(cols_t, m, offs_m, mask_m, DIM, DPAD)
-    acc = tl.zeros((BLOCK_M,), dtype=part.dtype.element_ty)
-    first = pid_s * rows_per_split
-    last = tl.minimum(first + rows_per_split, n)
-    for start in range(first, last, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < last
-        a = _row_tile(rows_t, n, offs_n, mask_n, DIM, DPAD)
-        e = _nonlinear(tl.dot(a, b, input_precision="tf32x3"), FAMILY, LOW, HIGH)
-        uu = tl.load(u + offs_n, mask=mask_n, other=0.0)
-        acc += tl.sum(e * uu[:, None], axis=0).to(part.dtype.element_ty)
-    tl.store(part + pid_s * m + offs_m, acc, mask=mask_m)
 
 
 # (BLOCK_N, BLOCK_M, warps): the FMA loop's shapes, and the tensor cores' (at least 16 a side, larger tiles)

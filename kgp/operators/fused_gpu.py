@@ -96,7 +96,7 @@ def _kernels():
 
         return {
             "fma": (fixed(tk.rows_pass), fixed(tk.cols_pass)),
-            "dot": (fixed(tk.rows_pass_dot), fixed(tk.cols_pass_dot)),
+            "dot": (fixed(tk.rows_pass), fixed(tk.cols_pass)),
         }
 
     def fixed_shape(kernel, shape):
@@ -111,7 +111,7 @@ def _kernels():
 
     return {
         "fma": (tuned(tk.rows_pass, ["DIM", "FAMILY", "HAS_W"]), tuned(tk.cols_pass, ["DIM", "FAMILY"])),
-        "dot": (fixed_shape(tk.rows_pass_dot, DOT_TILES["rows"]), fixed_shape(tk.cols_pass_dot, DOT_TILES["cols"])),
+        "dot": (fixed_shape(tk.rows_pass, DOT_TILES["rows"]), fixed_shape(tk.cols_pass, DOT_TILES["cols"])),
     }
 
 
@@ -216,7 +216,8 @@ def _bounds(family: str, dtype: torch.dtype) -> tuple[float, float]:
 
 def rows_product(op, v: Tensor, w: Tensor | None = None) -> Tensor:
     """``K v + w`` (unscaled ``K``) for ``v`` of length ``m`` and ``w`` of length ``n``; length ``n``."""
-    rows_kernel, _ = _kernels()[_form(op.x1.device)]
+    form = _form(op.x1.device)
+    rows_kernel, _ = _kernels()[form]
     rows_t, cols_t = _prepared(op)
     n, m = op.shape_nm
     dtype = op.x1.dtype
@@ -225,11 +226,11 @@ def rows_product(op, v: Tensor, w: Tensor | None = None) -> Tensor:
     v = v.reshape(-1).to(dtype).contiguous()
     w = None if w is None else w.reshape(-1).to(dtype).contiguous()
     with _on(op.x1.device):
-        _launch_rows(rows_kernel, rows_t, cols_t, v, w, u, n, m, op.recipe.family, low, high)
+        _launch_rows(rows_kernel, rows_t, cols_t, v, w, u, n, m, op.recipe.family, low, high, form)
     return u
 
 
-def _launch_rows(rows_kernel, rows_t, cols_t, v, w, u, n, m, family, low, high) -> None:
+def _launch_rows(rows_kernel, rows_t, cols_t, v, w, u, n, m, family, low, high, form: str) -> None:
     rows_kernel(
         lambda meta: (_cdiv(n, meta["BLOCK_N"]),),
         rows_t=rows_t,
@@ -243,15 +244,14 @@ def _launch_rows(rows_kernel, rows_t, cols_t, v, w, u, n, m, family, low, high) 
         LOW=low,
         HIGH=high,
         HAS_W=w is not None,
-        **_dims(rows_t.shape[0], u.device),
+        **_dims(rows_t.shape[0], form),
     )
 
 
-def _dims(dim: int, device: torch.device) -> dict:
-    """``DIM`` (the augmented width), and for the tensor-core kernels ``DPAD``, its zero-padded width."""
-    if _form(device) == "fma":
-        return {"DIM": dim}
-    return {"DIM": dim, "DPAD": max(16, 1 << (dim - 1).bit_length())}
+def _dims(dim: int, form: str) -> dict:
+    """``DIM`` (the augmented width), ``DPAD`` (its zero-padded width, read by the tensor-core form) and
+    ``DOT`` (the form) of the kernels' launch."""
+    return {"DIM": dim, "DPAD": max(16, 1 << (dim - 1).bit_length()), "DOT": form == "dot"}
 
 
 def cols_product(op, u: Tensor, out_dtype: torch.dtype) -> Tensor:
@@ -278,8 +278,8 @@ def cols_product(op, u: Tensor, out_dtype: torch.dtype) -> Tensor:
             FAMILY=_FAMILIES[op.recipe.family],
             LOW=low,
             HIGH=high,
-            **_dims(rows_t.shape[0], op.x1.device),
-            **({"out_dtype": _triton_dtype(dtype)} if form == "fma" else {}),
+            out_dtype=_triton_dtype(dtype),
+            **_dims(rows_t.shape[0], form),
         )
     return part.sum(0).to(out_dtype)
 
