@@ -8,6 +8,8 @@ error the rest keep (kgp/kernels/recipes.py, ``_NEAR``).
 
 from __future__ import annotations
 
+import math
+
 import gpytorch
 import pytest
 import torch
@@ -62,3 +64,32 @@ def test_near_zero_pairs_found_whichever_share_of_rows_holds_one(n_hit, dtype, o
     bound = 5 * (d + 2) * torch.finfo(dtype).eps * float((2 * norms).sqrt())
     assert (block - expected).abs().max() <= bound
     assert torch.equal(block[rows, cols], torch.ones(n_hit, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("d", [3, 16])
+def test_float32_rows_with_a_near_pair_are_recomputed_in_float64(d):
+    """A float32 block whose rows all hold a near pair (integer features with many duplicates, as UCI letter):
+    every row is recomputed by a float64 GEMM of the rounded inputs, so each entry is within a few float32
+    roundings of the float64 oracle, plus the float64 expanded form's error read through the square root at
+    the smallest nonzero distance. The pair test (kgp until 2026-11-28) left 1.0e-6-1.5e-6 here, above it."""
+    g = torch.Generator().manual_seed(d)
+    Z = torch.randint(0, 16, (300, d), generator=g).double()
+    X = torch.cat([Z[:150], torch.randint(0, 16, (50, d), generator=g).double()])
+    X[150:] = Z[torch.randint(0, 300, (50,), generator=g)] + (torch.rand(50, d, generator=g) < 0.1).double()
+    kernel = gpytorch.kernels.MaternKernel(nu=0.5)
+    kernel.lengthscale = 2.0
+    kernel.raw_lengthscale.requires_grad_(False)
+    block = kernel_operator(kernel, X.float(), Z.float()).to_dense().double()
+    dist = ((X / 2.0).unsqueeze(1) - (Z / 2.0).unsqueeze(0)).pow(2).sum(-1).sqrt()  # integers: exact inputs
+    expected = torch.exp(-dist)
+    # the kernel reads a = log2(e) r against the norms |u|^2 + |v|^2 of those scaled inputs about Z's mean
+    scale = math.log2(math.e)
+    centred = (torch.cat([X, Z]) / 2.0 - (Z / 2.0).mean(0)) * scale
+    norms = 2 * float(centred.pow(2).sum(1).max())
+    nearest = scale * float(dist[dist > 0].min())
+    eps32, eps64 = torch.finfo(torch.float32).eps, torch.finfo(torch.float64).eps
+    bound = 4 * eps32 + 4 * (d + 2) * eps64 * norms / nearest
+    assert (block - expected).abs().max() <= bound
+    assert bound < 5 * (d + 2) * eps32 * math.sqrt(norms) / 20  # far tighter than the pair test's bound
+    dup = (X[:150] == Z[:150]).all(1)
+    assert torch.equal(block[:150][dup, torch.arange(150)[dup]], torch.ones(int(dup.sum()), dtype=torch.float64))

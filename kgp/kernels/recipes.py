@@ -372,19 +372,22 @@ temporaries stay a few MB whatever the block's size)."""
 
 
 def _exact_near_zero(rows: Tensor, cols: Tensor, sq_dist: Tensor) -> None:
-    """Recompute, from the differences, the squared distances of ``sq_dist`` that cancellation spoiled.
+    """Recompute the squared distances of ``sq_dist`` that cancellation spoiled.
 
     ``rows`` = ``[u, |u|^2, 1]`` and ``cols`` = ``[-2 v, 1, |v|^2]`` (the Matern augmented inputs). A pair
-    is recomputed when ``sq_dist < _NEAR (|u|^2 + |v|^2)``. Cost: a row-minimum pass over the block, then,
-    on the rows whose minimum can pass (``< _NEAR (|u|^2 + max |v|^2)``), that test pair by pair in chunks
-    of :data:`_NEAR_CHUNK` entries, and O(d) per recomputed pair (the diagonal and near duplicates).
+    needs it when ``sq_dist < _NEAR (|u|^2 + |v|^2)``. First a row-minimum pass over the block finds the rows
+    whose minimum can pass (``< _NEAR (|u|^2 + max |v|^2)``). Then, in chunks of :data:`_NEAR_CHUNK` entries:
 
-    Why not one threshold for the whole block (``_NEAR (max |u|^2 + max |v|^2)``, then the pair test on
-    what passed it), as before: with a few points of large norm that threshold lets most of the block
-    through (58% of the pairs on UCI protein's standardised inputs, where the pair test keeps 0.1%), and
-    the follow-up on those pairs made a float32 Laplacian pass 27x the time of the same pass without the
-    test (the benchmark's "far" shape; protein: 3.4 s against 0.9 s with this test). Even where the
-    threshold is tight, comparing the whole block and its ``nonzero`` cost 3-4x the rest of the pass,
+    - a float32 block (:func:`_wide_rows`): those rows' distances again, from the same rounded ``u``, ``v``
+      but with a float64 GEMM and float64 norms;
+    - a float64 block (:func:`_exact_pairs`): the pair test, and the pairs that pass from their differences.
+
+    Why the row minima first, not one threshold for the whole block (``_NEAR (max |u|^2 + max |v|^2)``, then
+    the pair test on what passed it), as before: with a few points of large norm that threshold lets most of
+    the block through (58% of the pairs on UCI protein's standardised inputs, where the pair test keeps
+    0.1%), and the follow-up on those pairs made a float32 Laplacian pass 27x the time of the same pass
+    without the test (the benchmark's "far" shape; protein: 3.4 s against 0.9 s with this test). Even where
+    the threshold is tight, comparing the whole block and its ``nonzero`` cost 3-4x the rest of the pass,
     while ``amin`` reads the block at the memory rate (benchmarks/bench_matern12_pass.py, docs/backend.md
     "Matern 1/2 (Laplacian) blocks").
     """
@@ -393,11 +396,55 @@ def _exact_near_zero(rows: Tensor, cols: Tensor, sq_dist: Tensor) -> None:
     d = rows.shape[1] - 2
     sq_u, sq_v = rows[:, d], cols[:, d + 1]
     # a row can hold a pair only if its minimum is below its largest threshold (1% margin for rounding);
-    # a NaN (a NaN input) hides the minimum, so such rows are tested pair by pair
+    # a NaN (a NaN input) hides the minimum, so such rows are recomputed too
     mins = sq_dist.amin(dim=1)
     candidates = ((mins < 1.01 * _NEAR * (sq_u + sq_v.max())) | mins.isnan()).nonzero().squeeze(1)
     if candidates.numel() == 0:
         return
+    if sq_dist.dtype == torch.float64:
+        _exact_pairs(rows, cols, sq_dist, candidates)
+    else:
+        _wide_rows(rows, cols, sq_dist, candidates)
+
+
+def _wide_rows(rows: Tensor, cols: Tensor, sq_dist: Tensor, candidates: Tensor) -> None:
+    """The candidate rows' squared distances from a float64 GEMM of the same float32 ``u`` and ``v``.
+
+    In float64 the expanded form's absolute error, at most about ``2 (d + 2) eps64 (|u|^2 + |v|^2)``, is
+    far below what float32 resolves; subtracting that bound before the nonlinearity's clamp at 0 gives a
+    duplicate exactly ``k = 1`` (a shift of 1e-14 of the norms, within the same bound). Where at least half
+    the rows are candidates every row is recomputed, in slices: cheaper than gathering and scattering rows.
+    On UCI letter (EigenPro 3, 459 x 4,000 float32 blocks, near pairs in 58-79% of the rows) the test and
+    recomputation took 1.4 ms a block against 2.8 ms for the pair test and the recomputation of the pairs
+    from their differences, and the block's largest error against float64 differences went from 1.4e-6 to
+    5e-8 (2-core Intel Xeon host, 2026-11-28).
+    """
+    d = rows.shape[1] - 2
+    wide = torch.float64
+    cols_wide = cols.to(wide)
+    cols_wide[:, d + 1] = cols_wide[:, :d].square().sum(dim=1).mul_(0.25)  # |v|^2 from -2 v, in float64
+    slack = 2 * (d + 2) * torch.finfo(wide).eps
+    shift = slack * float(cols_wide[:, d + 1].max())
+    n, step = sq_dist.shape[0], max(1, _NEAR_CHUNK // sq_dist.shape[1])
+    every_row = 2 * candidates.numel() >= n
+    for start in range(0, n if every_row else candidates.numel(), step):
+        if every_row:
+            part = slice(start, min(start + step, n))
+        else:
+            part = candidates[start : start + step]
+        u = rows[part].to(wide)
+        u[:, d] = u[:, :d].square().sum(dim=1).mul_(1.0 - slack).sub_(shift)
+        block = u @ cols_wide.T
+        if every_row:
+            sq_dist[part].copy_(block)
+        else:
+            sq_dist.index_copy_(0, part, block.to(sq_dist.dtype))
+
+
+def _exact_pairs(rows: Tensor, cols: Tensor, sq_dist: Tensor, candidates: Tensor) -> None:
+    """On the candidate rows, the pairs with ``sq_dist < _NEAR (|u|^2 + |v|^2)`` from their differences."""
+    d = rows.shape[1] - 2
+    sq_u, sq_v = rows[:, d], cols[:, d + 1]
     step = max(1, _NEAR_CHUNK // cols.shape[0])
     every_row = candidates.numel() == rows.shape[0]
     found_i, found_j = [], []
