@@ -106,6 +106,7 @@ import kgp  # noqa: E402
 from kgp import settings  # noqa: E402
 from kgp.linalg import cholesky_in_place, gram_of_lower, solve_lower_in_place  # noqa: E402
 from kgp.operators.blocks import ACCELERATOR_BLOCK_BYTES, CPU_BLOCK_BYTES  # noqa: E402
+from kgp.operators.fused_cpu import native_applies  # noqa: E402
 from kgp.operators.fused_gpu import fused_applies  # noqa: E402
 from kgp.plugin import Problem  # noqa: E402
 
@@ -164,6 +165,7 @@ STORED = "kernel pass (stored K)"
 GRAM = "Nystrom Gram K^T K"
 OPERATIONS = (K_MM, CHOL, CHOL_LAPACK, GRAM_LOWER, SOLVE, PRECOND, PASS, STORED, GRAM)
 FUSED = "kernel pass (fused tiles, GPU)"  # only where kgp.operators.fused_gpu runs (a CUDA device, Triton)
+NATIVE = "kernel pass (native, CPU)"  # only where kgp.operators.fused_cpu runs (a CPU, a C compiler, RBF)
 STORED_WIDE = "kernel pass (stored K, float64 sums)"
 PRECOND_MIXED = "preconditioner setup (mixed)"  # float32's default: K_MM in float64, factored in float32
 
@@ -445,6 +447,16 @@ def operations(n: int, m: int, d: int, dtype: torch.dtype, machine: Machine) -> 
                 return streamed.fused_matmul(v)
 
         add(FUSED, fused_pass, nm * (2 * d + 4), pass_compute, 0.0, bound=pass_compute)
+    with settings.fused_kernels("auto"), settings.kernel_cache("never"):
+        native = native_applies(streamed, 1)
+    if native:
+        # the native CPU pass forms eight rows at a time in cache: no block traffic either (issue 26 target 6:
+        # within 1.5x of this bound)
+        def native_pass():
+            with settings.kernel_cache("never"), settings.fused_kernels("auto"):
+                return streamed.fused_matmul(v)
+
+        add(NATIVE, native_pass, nm * (2 * d + 4), pass_compute, 0.0, bound=pass_compute)
 
     stored_op = kgp.kernel_operator(kernel, X, Z)
     if (n + stored_op.block_rows()) * m * w <= settings.memory_budget.value():
@@ -633,7 +645,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         print(f"\n## {first} / {second} time ratio")
         print("| operation | " + " | ".join(f"M={m}" for m in ms) + " |")
         print("|---|" + "---|" * len(ms))
-        every = (*OPERATIONS, PRECOND_MIXED, FUSED, STORED_WIDE)
+        every = (*OPERATIONS, PRECOND_MIXED, FUSED, NATIVE, STORED_WIDE)
         names = [name for name in every if any(key[0] == name for key in seconds)]
         for name in names:
             cells = []

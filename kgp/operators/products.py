@@ -12,6 +12,7 @@ from torch import Tensor
 
 from .autograd import _FusedMatmul
 from .blocks import row_slices
+from .fused_cpu import native_pass, use_native
 from .fused_gpu import cols_product, rows_product, use_fused
 
 __all__ = ["StreamingProducts"]
@@ -219,6 +220,11 @@ class StreamingProducts:
                 if scale is not None:
                     out.mul_(scale.to(accumulate))
                 return out.squeeze(-1) if vector else out
+            if vs is not None and use_native(base, k, vs, w2):
+                out = base._reduce(native_pass(base, vs, w2, accumulate))
+                if scale is not None:
+                    out.mul_(scale.to(accumulate))
+                return out.squeeze(-1) if vector else out
             out = torch.zeros(m, k, dtype=accumulate, device=self.x1.device)
             scratch = base._scratch(base.block_rows(), k)
             # k > 1: K v as (v^T K^T)^T, the faster orientation (_fused_pass_columns)
@@ -280,6 +286,9 @@ class StreamingProducts:
             vs = v if scale is None else v * scale
             if use_fused(self, k):
                 out = self._reduce(cols_product(self, rows_product(self, vs, w), v.dtype).unsqueeze(1))
+                return out if scale is None else out.mul_(scale)
+            if use_native(self, k, vs, w):
+                out = self._reduce(native_pass(self, vs, w, v.dtype))
                 return out if scale is None else out.mul_(scale)
             if k > 1:
                 return self._fused_pass_columns(vs, w, scale)

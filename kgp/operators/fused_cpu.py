@@ -1,0 +1,245 @@
+"""The fused kernel pass on a CPU: ``K^T (K v + w)`` for the RBF kernel without kernel blocks in memory.
+
+The blocked pass writes each block of ``K`` (the augmented distance GEMM), rewrites it (``clamp_``,
+``exp2_``) and reads it twice (``K v``, ``K^T u``). With blocks larger than the cache (64 MiB, the fastest
+size on the 2-core development host because every torch operation on a block is a parallel region whose
+passive threads pay a wake-up, docs/backend.md "Rows per block") that memory traffic took the pass to 2.2x
+(float32) and 2.4x (float64) its distance-GEMM-plus-``exp`` bound at n = 32,000, M = 10,000, d = 8 (issue 26
+target 6). ``fused_cpu.c`` forms eight rows at a time in registers and a row-sized cache buffer, multiplies
+them by ``v`` and back while they are there, and runs each thread's share of the rows in one call. It is
+compiled on first use by the system's C compiler (``gcc`` or ``$CC``, ``-O3 -march=native``, or
+``-march=$KGP_NATIVE_ARCH``; about 0.5 s)
+into ``$KGP_CACHE_DIR`` (default ``~/.cache/kgp``), keyed by the source, the compiler and the CPU's feature
+flags, and loaded with ctypes; the calls release the GIL, so one Python thread per torch thread runs it.
+
+Used by :class:`~kgp.operators.products.StreamingProducts` (``fused_matmul``, also with
+``accumulate=float64``) when all of these hold, else the blocked path runs with identical semantics:
+
+- :data:`kgp.settings.fused_kernels` is ``"auto"`` (the default) or ``"always"``; ``"never"`` turns it off.
+  Without a working compiler ``"auto"`` falls back silently, ``"always"`` with a warning;
+- the operator is on the CPU, float32 or float64, with distances in its own dtype, family ``rbf``;
+- at most :data:`MAX_COLUMNS` right-hand-side columns;
+- ``x1`` and ``x2`` differ (on ``K(X, X)`` the blocked path sets the diagonal to exactly 1), no autograd;
+- no stored ``K``: under ``kernel_cache="auto"`` a ``K`` that fits the memory budget is stored at the
+  operator's second product and read from then on, as with the GPU's FMA loop. So the native pass serves
+  the first product and the problems whose ``K`` does not fit.
+
+The exponential is ``2^f 2^-m`` with ``m = round(-x)`` and a Taylor polynomial for ``2^f`` (degree 7 in
+float32, 14 in float64: below the dtype's rounding on ``|f| <= 1/2``); the argument is clamped to the
+blocked pass's ``[EXP_FLOOR log2(e), 0]``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from .. import settings
+from ..kernels.recipes import _LOG2E, EXP_FLOOR
+
+__all__ = ["native_applies", "native_error", "native_pass", "use_native"]
+
+SOURCE = Path(__file__).with_name("fused_cpu.c")
+TILE = 8
+"""Rows formed at a time (``TILE`` in the C source)."""
+MAX_COLUMNS = 16
+"""Most right-hand-side columns a call takes (``MAX_K`` in the C source); more run the blocked pass."""
+_PAD = 64
+"""Centers are padded to a multiple of this many entries: two vectors of the widest (512-bit) float32 form."""
+_DTYPES = (torch.float32, torch.float64)
+
+
+def _flags() -> list[str]:
+    # KGP_NATIVE_ARCH: another -march than the host's own (CI builds the 256-bit form on AVX-512 hosts too)
+    return ["-O3", f"-march={os.environ.get('KGP_NATIVE_ARCH') or 'native'}", "-shared", "-fPIC", "-std=gnu11"]
+
+
+def _cache_dir() -> Path:
+    if os.environ.get("KGP_CACHE_DIR"):
+        return Path(os.environ["KGP_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "kgp"
+
+
+def _cpu_flags() -> str:
+    """The CPU's feature flags: a library built with ``-march=native`` on one CPU may not run on another."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+_build_lock = threading.Lock()
+_error: list[str] = []
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    """The compiled pass (built on first use), or None where it cannot be built (:func:`native_error` says why)."""
+    with _build_lock:
+        try:
+            return _load()
+        except Exception as exc:  # no compiler, a compile error, an unwritable cache: the blocked pass runs
+            _error.append(f"{type(exc).__name__}: {exc}")
+            return None
+
+
+def _load() -> ctypes.CDLL:
+    compiler = shutil.which(os.environ.get("CC", "gcc"))
+    if compiler is None:
+        raise RuntimeError(f"no C compiler ({os.environ.get('CC', 'gcc')!r} not found on PATH)")
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
+    key = hashlib.sha256(
+        SOURCE.read_bytes() + version.encode() + _cpu_flags().encode() + " ".join(_flags()).encode()
+    ).hexdigest()[:20]
+    target = _cache_dir() / f"fused_cpu-{key}.so"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # built under a temporary name and renamed: processes building at once never load a partial file
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+        os.close(fd)
+        try:
+            done = subprocess.run(
+                [compiler, *_flags(), "-o", tmp, str(SOURCE)], capture_output=True, text=True, timeout=300
+            )
+            if done.returncode != 0:
+                raise RuntimeError(f"{compiler} failed: {done.stderr.strip()[-2000:]}")
+            os.replace(tmp, target)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    lib = ctypes.CDLL(str(target))
+    pointer, size = ctypes.c_void_p, ctypes.c_int64
+    for name, scalar in (
+        ("kgp_rbf_pass_f32", ctypes.c_float),
+        ("kgp_rbf_pass_f32_f64", ctypes.c_float),
+        ("kgp_rbf_pass_f64", ctypes.c_double),
+    ):
+        fn = getattr(lib, name)
+        fn.restype = None
+        fn.argtypes = [pointer] * 6 + [size] * 5 + [scalar]
+    if lib.kgp_max_columns() != MAX_COLUMNS or 2 * lib.kgp_vector_bytes() > _PAD * 4:
+        raise RuntimeError("fused_cpu.c and fused_cpu.py disagree on the column cap or the padding")
+    return lib
+
+
+def native_error() -> str | None:
+    """Why the native pass cannot be built here, or None (builds it if that was not tried yet)."""
+    return None if _library() is not None else (_error[-1] if _error else "unknown")
+
+
+def native_applies(op, k: int, *rhs: Tensor) -> bool:
+    """Whether ``op``'s fused product (``k`` columns, right-hand sides ``rhs``) can run natively (module
+    docstring); a stored ``K`` is only seen once it exists, :func:`use_native` is what the products call."""
+    mode = settings.fused_kernels.value()
+    x1 = op.x1
+    if mode == "never" or op.recipe.family != "rbf" or x1.device.type != "cpu" or not 1 <= k <= MAX_COLUMNS:
+        return False
+    if x1.dtype not in _DTYPES or op.distance_dtype is not None or op._needs_grad():
+        return False
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in rhs):
+        return False
+    n, m = op.shape_nm
+    if 2 * n * (x1.shape[1] + 2) * x1.element_size() > settings.memory_budget.value(x1.device):
+        return False  # the augmented rows, kept whole
+    if _library() is None:
+        if mode == "always":
+            warnings.warn(
+                f"kgp.settings.fused_kernels('always'): the native CPU pass cannot be built ({native_error()}); "
+                "products run the blocked pass",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        return False
+    op._check_cache()
+    return not op._same_inputs() and op._cache.get("stored") is None
+
+
+def use_native(op, k: int, *rhs: Tensor) -> bool:
+    """:func:`native_applies`, then one use of the operator towards storing ``K`` (as a blocked product)."""
+    return native_applies(op, k, *rhs) and op._stored() is None
+
+
+_pool: list[ThreadPoolExecutor] = []
+
+
+def _executor(threads: int) -> ThreadPoolExecutor:
+    if not _pool or _pool[0]._max_workers != threads:
+        if _pool:
+            _pool.pop().shutdown(wait=False)
+        _pool.append(ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kgp-native"))
+    return _pool[0]
+
+
+def native_pass(op, vs: Tensor, w: Tensor | None, accumulate: torch.dtype) -> Tensor:
+    """This process's ``K^T (K vs + w)`` (``m x k``, unscaled ``K``) in dtype ``accumulate``.
+
+    ``vs`` (``m x k``) and ``w`` (``n x k`` or None) in the operator's dtype; ``accumulate`` is that dtype or
+    float64 (float32 sums of :data:`TILE` rows, then float64). The caller scales and reduces across ranks.
+    """
+    lib = _library()
+    dtype = op.x1.dtype
+    n, m = op.shape_nm
+    k = vs.shape[1]
+    if n == 0:  # a rank of a distributed fit holding no rows: its part of the sum
+        return torch.zeros(m, k, dtype=accumulate)
+    padded = -(-m // _PAD) * _PAD
+    if "native_cols" not in op._cache:
+        cols = op._cols()
+        cols_t = torch.zeros(cols.shape[1], padded, dtype=dtype)
+        cols_t[:, :m] = cols.T
+        op._cache["native_cols"] = cols_t
+    cols_t = op._cache["native_cols"]
+    rows = op._rows(slice(0, n)).contiguous()
+    dim = rows.shape[1]
+    vt = torch.zeros(k, padded, dtype=dtype)
+    vt[:, :m] = vs.T
+    wc = None if w is None else w.to(dtype).contiguous()
+    fn = {
+        (torch.float32, torch.float32): lib.kgp_rbf_pass_f32,
+        (torch.float32, torch.float64): lib.kgp_rbf_pass_f32_f64,
+        (torch.float64, torch.float64): lib.kgp_rbf_pass_f64,
+    }[(dtype, accumulate)]
+    lo = EXP_FLOOR[dtype] * _LOG2E
+    tiles = -(-n // TILE)
+    threads = max(1, min(torch.get_num_threads(), tiles))
+    # contiguous shares of whole tiles, one per thread, each with its own buffer and partial sum
+    per = -(-tiles // threads) * TILE
+    shares = [(s, min(s + per, n)) for s in range(0, n, per)]
+    outs = [torch.zeros(k, padded, dtype=accumulate) for _ in shares]
+    bufs = [torch.empty(TILE, padded, dtype=dtype) for _ in shares]
+    w_ptr = None if wc is None else wc.data_ptr()
+
+    def run(i: int) -> None:
+        start, stop = shares[i]
+        fn(
+            rows.data_ptr(), cols_t.data_ptr(), vt.data_ptr(), w_ptr, outs[i].data_ptr(), bufs[i].data_ptr(),
+            start, stop, dim, padded, k, lo,
+        )  # fmt: skip
+
+    if len(shares) == 1:
+        run(0)
+    else:
+        list(_executor(len(shares)).map(run, range(len(shares))))
+    out = outs[0]
+    for extra in outs[1:]:
+        out += extra
+    return out[:, :m].T.contiguous()

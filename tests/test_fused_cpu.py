@@ -1,0 +1,179 @@
+"""The native fused CPU pass (kgp/operators/fused_cpu.py): its kernel entries against a float64 oracle, its
+products against the blocked pass's, and when it runs. Skipped where no C compiler builds it."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import gpytorch
+import pytest
+import torch
+
+import kgp
+from kgp import settings
+from kgp.kernels.recipes import EXP_FLOOR
+from kgp.operators import fused_cpu
+
+pytestmark = pytest.mark.skipif(fused_cpu.native_error() is not None, reason="the native CPU pass cannot be built")
+
+LOG2E = math.log2(math.e)
+
+
+def _rbf(lengthscale: float, dtype: torch.dtype):
+    return kgp.kernels.make_kernel("rbf", lengthscale).to(dtype).requires_grad_(False)
+
+
+def _oracle(X: torch.Tensor, Z: torch.Tensor, lengthscale: float, dtype: torch.dtype) -> torch.Tensor:
+    """exp(-r^2 / 2) in float64 from the rounded inputs, floored as kgp floors it."""
+    # from the differences: cdist's expanded form would add its own cancellation
+    r2 = (X.double()[:, None, :] / lengthscale - Z.double()[None, :, :] / lengthscale).square().sum(-1)
+    return torch.exp(-0.5 * r2).clamp_min(math.exp(EXP_FLOOR[dtype]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_native_entries_are_the_oracle_to_the_exponent_rounding(dtype):
+    """One row against centers at every distance out to the floor: with ``v = e_0`` (column 0 is the row's own
+    point, ``k = 1``) the pass returns the row of K itself. Each entry is within the rounding of its exponent,
+    at most ``(d + 2) eps (|u|^2 + |v|^2) log2(e)`` in the augmented GEMM (times ln 2 relative in K), plus a few
+    roundings of the exponential."""
+    d, m = 5, 999
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(1, d, generator=g, dtype=torch.float64)
+    # r^2 / 2 out to 1.2x the floor's exponent (43 in float32, 700 in float64)
+    radii = torch.linspace(0.0, math.sqrt(2.4 * -EXP_FLOOR[dtype]), m, dtype=torch.float64)
+    directions = torch.nn.functional.normalize(torch.randn(m, d, generator=g, dtype=torch.float64), dim=1)
+    X = x.to(dtype)
+    Z = (x + radii[:, None] * directions).to(dtype)
+    Z[0] = X[0]
+    v = torch.zeros(m, 1, dtype=dtype)
+    v[0] = 1.0
+    kernel = _rbf(1.0, dtype)
+    op = kgp.kernel_operator(kernel, X, Z)
+    with settings.kernel_cache("never"), settings.fused_kernels("always"):
+        assert fused_cpu.use_native(op, 1, v)
+        row = op.fused_matmul(v)[:, 0].double()
+    # the lengthscale as the kernel holds it (GPyTorch's softplus of a raw value: not exactly 1.0)
+    expected = _oracle(X, Z, float(kernel.lengthscale), dtype)[0]
+    assert float(expected[0]) == 1.0
+    eps = torch.finfo(dtype).eps
+    centred = torch.cat([X, Z]).double() - Z.double().mean(0)
+    norms = centred[0].square().sum() + centred[1:].square().sum(1)
+    tolerance = expected * ((d + 2) * eps * norms * LOG2E * math.log(2) + 8 * eps)
+    assert bool(((row - expected).abs() <= tolerance).all()), float(((row - expected).abs() / tolerance).max())
+    assert float(expected[-1]) == math.exp(EXP_FLOOR[dtype])  # the floor was reached, and kept
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.parametrize("with_w", [False, True], ids=["", "w"])
+@pytest.mark.parametrize("accumulate", [None, torch.float64], ids=["", "float64-sums"])
+def test_native_pass_is_as_close_to_the_oracle_as_the_blocked_pass(dtype, k, with_w, accumulate):
+    """``K^T (K v + w)`` with rows and centers that fill no whole tile or vector (n = 1,003, M = 517), an
+    outputscale and several columns: within twice the blocked pass's error from the float64 oracle (or a few
+    roundings of the result where that error is smaller)."""
+    if accumulate is not None and dtype == torch.float64:
+        pytest.skip("float64 sums are the float64 pass")
+    g = torch.Generator().manual_seed(k)
+    X = torch.randn(1003, 6, generator=g, dtype=torch.float64).to(dtype)
+    Z = torch.randn(517, 6, generator=g, dtype=torch.float64).to(dtype)
+    kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel()).to(dtype)
+    kernel.base_kernel.lengthscale = torch.tensor(1.3, dtype=dtype)
+    kernel.outputscale = torch.tensor(2.5, dtype=dtype)
+    kernel.requires_grad_(False)
+    v = torch.randn(517, k, generator=g, dtype=torch.float64).to(dtype)
+    w = torch.randn(1003, k, generator=g, dtype=torch.float64).to(dtype) if with_w else None
+    K = float(kernel.outputscale) * _oracle(X, Z, float(kernel.base_kernel.lengthscale), dtype)
+    expected = K.T @ (K @ v.double() + (0 if w is None else w.double()))
+    results = {}
+    for mode in ("never", "always"):
+        op = kgp.kernel_operator(kernel, X, Z)
+        with settings.kernel_cache("never"), settings.fused_kernels(mode):
+            assert fused_cpu.use_native(op, k, v, w) == (mode == "always")
+            results[mode] = op.fused_matmul(v, w, accumulate=accumulate)
+    assert results["always"].dtype == (accumulate or dtype)
+    scale = float(expected.abs().max())
+    blocked = float((results["never"].double() - expected).abs().max()) / scale
+    native = float((results["always"].double() - expected).abs().max()) / scale
+    assert native <= max(2 * blocked, 16 * torch.finfo(dtype).eps), (native, blocked)
+
+
+def test_native_pass_runs_only_where_it_applies():
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(300, 4, generator=g)
+    Z = torch.randn(40, 4, generator=g)
+    v = torch.randn(40, 1, generator=g)
+    rbf = _rbf(1.0, torch.float32)
+    with settings.kernel_cache("never"):
+        assert fused_cpu.native_applies(kgp.kernel_operator(rbf, X, Z), 1, v)
+        with settings.fused_kernels("never"):
+            assert not fused_cpu.native_applies(kgp.kernel_operator(rbf, X, Z), 1, v)
+        # K(X, X): the blocked pass sets the diagonal to exactly 1
+        assert not fused_cpu.native_applies(kgp.kernel_operator(rbf, X, X.clone()), 1, v)
+        matern = gpytorch.kernels.MaternKernel(nu=2.5).requires_grad_(False)
+        assert not fused_cpu.native_applies(kgp.kernel_operator(matern, X, Z), 1, v)
+        # float64 distances for a float32 operator (FALKON's switch) are the blocked pass's
+        assert not fused_cpu.native_applies(kgp.kernel_operator(rbf, X, Z, distance_dtype=torch.float64), 1, v)
+        tracked = v.clone().requires_grad_(True)
+        assert not fused_cpu.native_applies(kgp.kernel_operator(rbf, X, Z), 1, tracked)
+    # with kernel_cache="auto" the second product stores K (it fits the budget) and reads it from then on
+    op = kgp.kernel_operator(rbf, X, Z)
+    with settings.kernel_cache("auto"):
+        assert fused_cpu.use_native(op, 1, v)
+        assert not fused_cpu.use_native(op, 1, v)
+    assert op._cache.get("stored") is not None
+
+
+def test_without_a_compiler_auto_falls_back_silently_and_always_warns(monkeypatch, tmp_path):
+    g = torch.Generator().manual_seed(1)
+    X = torch.randn(200, 3, generator=g)
+    Z = torch.randn(30, 3, generator=g)
+    v = torch.randn(30, 1, generator=g)
+    rbf = _rbf(1.0, torch.float32)
+    monkeypatch.setenv("CC", "kgp-no-such-compiler")
+    monkeypatch.setenv("KGP_CACHE_DIR", str(tmp_path))
+    fused_cpu._library.cache_clear()
+    try:
+        assert "kgp-no-such-compiler" in fused_cpu.native_error()
+        with settings.kernel_cache("never"):
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                blocked = kgp.kernel_operator(rbf, X, Z).fused_matmul(v)
+            with settings.fused_kernels("always"), pytest.warns(RuntimeWarning, match="native CPU pass"):
+                again = kgp.kernel_operator(rbf, X, Z).fused_matmul(v)
+        with settings.fused_kernels("never"), settings.kernel_cache("never"):
+            assert torch.equal(blocked, kgp.kernel_operator(rbf, X, Z).fused_matmul(v))
+        assert torch.equal(blocked, again)
+    finally:
+        monkeypatch.undo()
+        fused_cpu._library.cache_clear()
+    assert fused_cpu.native_error() is None
+
+
+def test_the_library_is_built_once_into_the_cache_directory(monkeypatch, tmp_path):
+    monkeypatch.setenv("KGP_CACHE_DIR", str(tmp_path))
+    fused_cpu._library.cache_clear()
+    try:
+        assert fused_cpu.native_error() is None
+        built = list(tmp_path.glob("fused_cpu-*.so"))
+        assert len(built) == 1
+        stamp = built[0].stat().st_mtime_ns
+        fused_cpu._library.cache_clear()
+        assert fused_cpu.native_error() is None
+        assert built[0].stat().st_mtime_ns == stamp  # loaded, not rebuilt
+        assert list(tmp_path.iterdir()) == built  # no temporary file left behind
+    finally:
+        monkeypatch.undo()
+        fused_cpu._library.cache_clear()
+
+
+def test_an_operator_without_rows_gives_zeros():
+    """A rank of a distributed fit may hold no rows: its part of the sum is zero, and no error (an error on one
+    rank only would leave the others waiting in the all-reduce)."""
+    Z = torch.randn(33, 4, generator=torch.Generator().manual_seed(2))
+    op = kgp.kernel_operator(_rbf(1.0, torch.float32), torch.empty(0, 4), Z)
+    v = torch.ones(33, 2)
+    with settings.kernel_cache("never"):
+        assert fused_cpu.use_native(op, 2, v)
+        out = op.fused_matmul(v, accumulate=torch.float64)
+    assert out.shape == (33, 2) and out.dtype == torch.float64 and not bool(out.any())
