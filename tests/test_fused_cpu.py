@@ -177,3 +177,26 @@ def test_an_operator_without_rows_gives_zeros():
         assert fused_cpu.use_native(op, 2, v)
         out = op.fused_matmul(v, accumulate=torch.float64)
     assert out.shape == (33, 2) and out.dtype == torch.float64 and not bool(out.any())
+
+
+def test_concurrent_callers_get_the_sequential_result():
+    """Several Python threads in the native pass at once (it shares one pool of worker threads per thread
+    count): each gets exactly the result of a call on its own, whose row shares and sums are fixed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    g = torch.Generator().manual_seed(4)
+    X = torch.randn(2000, 5, generator=g)
+    Z = torch.randn(300, 5, generator=g)
+    vs = [torch.randn(300, 1, generator=g) for _ in range(6)]
+    op = kgp.kernel_operator(_rbf(0.8, torch.float32), X, Z)
+    with settings.kernel_cache("never"):
+        alone = [op.fused_matmul(v) for v in vs]
+
+        def run(v):
+            with settings.kernel_cache("never"):
+                return op.fused_matmul(v)
+
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            together = list(pool.map(run, vs))
+    for a, b in zip(alone, together):
+        assert torch.equal(a, b)

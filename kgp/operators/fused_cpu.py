@@ -178,15 +178,16 @@ def use_native(op, k: int, *rhs: Tensor) -> bool:
     return native_applies(op, k, *rhs) and op._stored() is None
 
 
-_pool: list[ThreadPoolExecutor] = []
+_pools: dict[int, ThreadPoolExecutor] = {}
+_pools_lock = threading.Lock()
 
 
 def _executor(threads: int) -> ThreadPoolExecutor:
-    if not _pool or _pool[0]._max_workers != threads:
-        if _pool:
-            _pool.pop().shutdown(wait=False)
-        _pool.append(ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kgp-native"))
-    return _pool[0]
+    """One pool per thread count, never shut down: a pool in use by another caller stays valid."""
+    with _pools_lock:
+        if threads not in _pools:
+            _pools[threads] = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kgp-native")
+        return _pools[threads]
 
 
 def native_pass(op, vs: Tensor, w: Tensor | None, accumulate: torch.dtype) -> Tensor:
