@@ -16,8 +16,8 @@
 
 #define TILE 8
 #define MAX_K 16
-/* one vector: a 512-bit register where the CPU has them; else 256 bits, so that the 2 x TILE accumulators of
-   the distance loop fit the 16 registers of AVX2 */
+/* one vector: a 512-bit register where the CPU has them; else 256 bits (a 512-bit vector on AVX2 takes two of
+   its 16 registers, and the distance loop's 2 x TILE accumulators alone would need 32) */
 #if defined(__AVX512F__)
 #define VECTOR_BYTES 64
 #else
