@@ -200,3 +200,22 @@ def test_concurrent_callers_get_the_sequential_result():
             together = list(pool.map(run, vs))
     for a, b in zip(alone, together):
         assert torch.equal(a, b)
+
+
+def test_float32_with_float64_sums_runs_natively_instead_of_storing_k_at_small_d():
+    """FALKON's float32 default (float64 sums): forming K natively beat reading a stored K up to about d = 16,
+    so at ``d <= NATIVE_OVER_STORED_MAX_DIM`` K is never stored; wider inputs, or float32 sums, store it at
+    the second product as before."""
+    g = torch.Generator().manual_seed(5)
+    v = torch.randn(40, 1, generator=g)
+    narrow, wide = fused_cpu.NATIVE_OVER_STORED_MAX_DIM, fused_cpu.NATIVE_OVER_STORED_MAX_DIM + 1
+    with settings.kernel_cache("auto"):
+        for d, accumulate, stores in ((narrow, torch.float64, False), (wide, torch.float64, True), (3, None, True)):
+            X = torch.randn(500, d, generator=g)
+            op = kgp.kernel_operator(_rbf(1.0, torch.float32), X, X[:40] + 0.01)
+            first = op.fused_matmul(v, accumulate=accumulate)
+            for _ in range(2):
+                again = op.fused_matmul(v, accumulate=accumulate)
+            assert (op._cache.get("stored") is not None) == stores, (d, accumulate)
+            if not stores:
+                assert torch.equal(first, again)  # the same native pass every time

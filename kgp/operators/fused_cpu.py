@@ -21,8 +21,10 @@ Used by :class:`~kgp.operators.products.StreamingProducts` (``fused_matmul``, al
 - at most :data:`MAX_COLUMNS` right-hand-side columns;
 - ``x1`` and ``x2`` differ (on ``K(X, X)`` the blocked path sets the diagonal to exactly 1), no autograd;
 - no stored ``K``: under ``kernel_cache="auto"`` a ``K`` that fits the memory budget is stored at the
-  operator's second product and read from then on, as with the GPU's FMA loop. So the native pass serves
-  the first product and the problems whose ``K`` does not fit.
+  operator's second product and read from then on, as with the GPU's FMA loop, so the native pass serves
+  the first product and the problems whose ``K`` does not fit. Except for float32 operators summed in
+  float64 (FALKON's float32 default) with ``d <= NATIVE_OVER_STORED_MAX_DIM``: there the native pass was
+  faster than reading a stored ``K``, so ``K`` is never stored.
 
 The exponential is ``2^f 2^-m`` with ``m = round(-x)`` and a Taylor polynomial for ``2^f`` (degree 7 in
 float32, 14 in float64: below the dtype's rounding on ``|f| <= 1/2``); the argument is clamped to the
@@ -173,9 +175,25 @@ def native_applies(op, k: int, *rhs: Tensor) -> bool:
     return not op._same_inputs() and op._cache.get("stored") is None
 
 
-def use_native(op, k: int, *rhs: Tensor) -> bool:
-    """:func:`native_applies`, then one use of the operator towards storing ``K`` (as a blocked product)."""
-    return native_applies(op, k, *rhs) and op._stored() is None
+NATIVE_OVER_STORED_MAX_DIM = 12
+"""Widest input (``d``) for which a float32 pass with float64 sums runs natively even where ``K`` could be
+stored. One pass at n = 32,000, M = 5,000 (two threads, 2026-11-28), native / stored K: 0.74 at d = 3,
+0.77 at 8, 1.02 at 16, 1.16 at 26, 1.29 at 32: reading ``K`` costs the same at any ``d``, forming it grows
+with ``d``. In float64 and with float32 sums the stored pass was faster at every ``d`` measured (0.67-0.75x
+the native time at d = 8)."""
+
+
+def use_native(op, k: int, *rhs: Tensor, accumulate: torch.dtype | None = None) -> bool:
+    """:func:`native_applies`; then, for a float32 operator summed in float64 with ``d`` at most
+    :data:`NATIVE_OVER_STORED_MAX_DIM`, always (``K`` is never stored: the native pass is faster than reading
+    it, and the ``n x M`` memory is saved); otherwise one use of the operator towards storing ``K`` (as a
+    blocked product), and only while it is not stored."""
+    if not native_applies(op, k, *rhs):
+        return False
+    x1 = op.x1
+    if accumulate == torch.float64 and x1.dtype == torch.float32 and x1.shape[1] <= NATIVE_OVER_STORED_MAX_DIM:
+        return True
+    return op._stored() is None
 
 
 _pools: dict[int, ThreadPoolExecutor] = {}

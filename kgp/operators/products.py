@@ -220,7 +220,7 @@ class StreamingProducts:
                 if scale is not None:
                     out.mul_(scale.to(accumulate))
                 return out.squeeze(-1) if vector else out
-            if vs is not None and use_native(base, k, vs, w2):
+            if vs is not None and use_native(base, k, vs, w2, accumulate=accumulate):
                 out = base._reduce(native_pass(base, vs, w2, accumulate))
                 if scale is not None:
                     out.mul_(scale.to(accumulate))
