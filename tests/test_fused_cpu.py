@@ -24,23 +24,36 @@ def _rbf(lengthscale: float, dtype: torch.dtype):
     return kgp.kernels.make_kernel("rbf", lengthscale).to(dtype).requires_grad_(False)
 
 
-def _oracle(X: torch.Tensor, Z: torch.Tensor, lengthscale: float, dtype: torch.dtype) -> torch.Tensor:
-    """exp(-r^2 / 2) in float64 from the rounded inputs, floored as kgp floors it."""
+FACTOR = {"matern32": math.sqrt(3.0), "matern52": math.sqrt(5.0)}
+
+
+def _oracle(X: torch.Tensor, Z: torch.Tensor, lengthscale: float, dtype: torch.dtype, family: str = "rbf"):
+    """The kernel in float64 from the rounded inputs (RBF floored as kgp floors it)."""
     # from the differences: cdist's expanded form would add its own cancellation
     r2 = (X.double()[:, None, :] / lengthscale - Z.double()[None, :, :] / lengthscale).square().sum(-1)
-    return torch.exp(-0.5 * r2).clamp_min(math.exp(EXP_FLOOR[dtype]))
+    if family == "rbf":
+        return torch.exp(-0.5 * r2).clamp_min(math.exp(EXP_FLOOR[dtype]))
+    a = FACTOR[family] * r2.sqrt()
+    poly = 1 + a if family == "matern32" else 1 + a + a * a / 3
+    return poly * torch.exp(-a)
 
 
+def _kernel(family: str, lengthscale: float, dtype: torch.dtype):
+    return kgp.kernels.make_kernel(family, lengthscale).to(dtype).requires_grad_(False)
+
+
+@pytest.mark.parametrize("family", ["rbf", "matern32", "matern52"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_native_entries_are_the_oracle_to_the_exponent_rounding(dtype):
-    """One row against centers at every distance out to the floor: with ``v = e_0`` (column 0 is the row's own
-    point, ``k = 1``) the pass returns the row of K itself. Each entry is within the rounding of its exponent,
-    at most ``(d + 2) eps (|u|^2 + |v|^2) log2(e)`` in the augmented GEMM (times ln 2 relative in K), plus a few
-    roundings of the exponential."""
+def test_native_entries_are_the_oracle_to_the_exponent_rounding(dtype, family):
+    """One row against centers at every distance out past the RBF floor: with ``v = e_0`` (column 0 is the
+    row's own point, ``k = 1``) the pass returns the row of K itself. Each entry is within the rounding of
+    the augmented GEMM, at most ``delta = (d + 2) eps (|u|^2 + |v|^2)`` in its exponent (RBF: times ln 2
+    relative in K) or in ``a^2`` (Matern: at most ``delta (1 + a) exp(-a) / 2`` in K, as dK/da is
+    ``a (1 + a) exp(-a) / 3`` or less), plus a few roundings of the exponential and the polynomial."""
     d, m = 5, 999
     g = torch.Generator().manual_seed(3)
     x = torch.randn(1, d, generator=g, dtype=torch.float64)
-    # r^2 / 2 out to 1.2x the floor's exponent (43 in float32, 700 in float64)
+    # RBF's r^2 / 2 out to 1.2x the floor's exponent (43 in float32, 700 in float64)
     radii = torch.linspace(0.0, math.sqrt(2.4 * -EXP_FLOOR[dtype]), m, dtype=torch.float64)
     directions = torch.nn.functional.normalize(torch.randn(m, d, generator=g, dtype=torch.float64), dim=1)
     X = x.to(dtype)
@@ -48,27 +61,35 @@ def test_native_entries_are_the_oracle_to_the_exponent_rounding(dtype):
     Z[0] = X[0]
     v = torch.zeros(m, 1, dtype=dtype)
     v[0] = 1.0
-    kernel = _rbf(1.0, dtype)
+    kernel = _kernel(family, 1.0, dtype)
     op = kgp.kernel_operator(kernel, X, Z)
     with settings.kernel_cache("never"), settings.fused_kernels("always"):
         assert fused_cpu.use_native(op, 1, v)
         row = op.fused_matmul(v)[:, 0].double()
     # the lengthscale as the kernel holds it (GPyTorch's softplus of a raw value: not exactly 1.0)
-    expected = _oracle(X, Z, float(kernel.lengthscale), dtype)[0]
+    lengthscale = float(kernel.lengthscale)
+    expected = _oracle(X, Z, lengthscale, dtype, family)[0]
     assert float(expected[0]) == 1.0
     eps = torch.finfo(dtype).eps
-    centred = torch.cat([X, Z]).double() - Z.double().mean(0)
+    centred = (torch.cat([X, Z]).double() - Z.double().mean(0)) / lengthscale
     norms = centred[0].square().sum() + centred[1:].square().sum(1)
-    tolerance = expected * ((d + 2) * eps * norms * LOG2E * math.log(2) + 8 * eps)
+    if family == "rbf":
+        tolerance = expected * ((d + 2) * eps * norms * LOG2E * math.log(2) + 8 * eps)
+    else:
+        delta = (d + 2) * eps * norms * FACTOR[family] ** 2
+        a = FACTOR[family] * (X.double() / lengthscale - Z.double() / lengthscale).norm(dim=1)
+        tolerance = (delta / 2 + 8 * eps * (1 + a)) * (1 + a) * torch.exp(-a)
     assert bool(((row - expected).abs() <= tolerance).all()), float(((row - expected).abs() / tolerance).max())
-    assert float(expected[-1]) == math.exp(EXP_FLOOR[dtype])  # the floor was reached, and kept
+    if family == "rbf":
+        assert float(expected[-1]) == math.exp(EXP_FLOOR[dtype])  # the floor was reached, and kept
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("k", [1, 3])
 @pytest.mark.parametrize("with_w", [False, True], ids=["", "w"])
 @pytest.mark.parametrize("accumulate", [None, torch.float64], ids=["", "float64-sums"])
-def test_native_pass_is_as_close_to_the_oracle_as_the_blocked_pass(dtype, k, with_w, accumulate):
+@pytest.mark.parametrize("family", ["rbf", "matern52"])
+def test_native_pass_is_as_close_to_the_oracle_as_the_blocked_pass(dtype, k, with_w, accumulate, family):
     """``K^T (K v + w)`` with rows and centers that fill no whole tile or vector (n = 1,003, M = 517), an
     outputscale and several columns: within twice the blocked pass's error from the float64 oracle (or a few
     roundings of the result where that error is smaller)."""
@@ -77,13 +98,14 @@ def test_native_pass_is_as_close_to_the_oracle_as_the_blocked_pass(dtype, k, wit
     g = torch.Generator().manual_seed(k)
     X = torch.randn(1003, 6, generator=g, dtype=torch.float64).to(dtype)
     Z = torch.randn(517, 6, generator=g, dtype=torch.float64).to(dtype)
-    kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel()).to(dtype)
+    base = gpytorch.kernels.RBFKernel() if family == "rbf" else gpytorch.kernels.MaternKernel(nu=2.5)
+    kernel = gpytorch.kernels.ScaleKernel(base).to(dtype)
     kernel.base_kernel.lengthscale = torch.tensor(1.3, dtype=dtype)
     kernel.outputscale = torch.tensor(2.5, dtype=dtype)
     kernel.requires_grad_(False)
     v = torch.randn(517, k, generator=g, dtype=torch.float64).to(dtype)
     w = torch.randn(1003, k, generator=g, dtype=torch.float64).to(dtype) if with_w else None
-    K = float(kernel.outputscale) * _oracle(X, Z, float(kernel.base_kernel.lengthscale), dtype)
+    K = float(kernel.outputscale) * _oracle(X, Z, float(kernel.base_kernel.lengthscale), dtype, family)
     expected = K.T @ (K @ v.double() + (0 if w is None else w.double()))
     results = {}
     for mode in ("never", "always"):
@@ -110,8 +132,9 @@ def test_native_pass_runs_only_where_it_applies():
             assert not fused_cpu.native_applies(kgp.kernel_operator(rbf, X, Z), 1, v)
         # K(X, X): the blocked pass sets the diagonal to exactly 1
         assert not fused_cpu.native_applies(kgp.kernel_operator(rbf, X, X.clone()), 1, v)
-        matern = gpytorch.kernels.MaternKernel(nu=2.5).requires_grad_(False)
-        assert not fused_cpu.native_applies(kgp.kernel_operator(matern, X, Z), 1, v)
+        # Matern 1/2: its near-zero recomputation is the blocked pass's
+        laplacian = gpytorch.kernels.MaternKernel(nu=0.5).requires_grad_(False)
+        assert not fused_cpu.native_applies(kgp.kernel_operator(laplacian, X, Z), 1, v)
         # float64 distances for a float32 operator (FALKON's switch) are the blocked pass's
         assert not fused_cpu.native_applies(kgp.kernel_operator(rbf, X, Z, distance_dtype=torch.float64), 1, v)
         tracked = v.clone().requires_grad_(True)

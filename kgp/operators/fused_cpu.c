@@ -1,9 +1,10 @@
-/* kgp's fused CPU pass: out += K^T (K v + w) for the RBF kernel, one tile of rows at a time.
+/* kgp's fused CPU pass: out += K^T (K v + w) for the RBF and Matern 3/2, 5/2 kernels, a tile of rows at a time.
 
    Compiled on first use by kgp/operators/fused_cpu.py (gcc -O3 -march=native, loaded with ctypes); read
-   that module's docstring for when it runs. The kernel entry is K[i, j] = exp2(clamp(r_i . c_j, lo, 0)) with
-   r_i = [u_i, -|u_i|^2 / 2, 1] and c_j = log2(e) [v_j, 1, -|v_j|^2 / 2] (kgp/kernels/recipes.py), so a tile
-   is formed, multiplied by v and multiplied back while it sits in the cache: the block is never written to
+   that module's docstring for when it runs. An RBF entry is K[i, j] = exp2(clamp(r_i . c_j, lo, hi = 0)) with
+   r_i = [u_i, -|u_i|^2 / 2, 1] and c_j = log2(e) [v_j, 1, -|v_j|^2 / 2]; a Matern entry reads a^2 = r_i . c_j
+   = |u_i - v_j|^2 (r_i = [u_i, |u_i|^2, 1], c_j = [-2 v_j, 1, |v_j|^2], sqrt 3 or sqrt 5 folded into u and v),
+   clamped to [lo = 0, hi], as kgp/kernels/recipes.py's blocks do. A tile is formed, multiplied by v and multiplied back while it sits in the cache: the block is never written to
    memory, which is what bounds the blocked pass (docs/backend.md, "A native CPU pass").
 
    Layouts (row-major): R is n x D (the rows), CT is D x MP (the columns, transposed, padded to MP, a multiple
@@ -24,10 +25,12 @@
 #define VECTOR_BYTES 32
 #endif
 
+enum { RBF = 0, MATERN32 = 1, MATERN52 = 2 };
+
 int kgp_vector_bytes(void) { return VECTOR_BYTES; }
 int kgp_max_columns(void) { return MAX_K; }
 
-#define DEFINE_PASS(NAME, T, ACC, IT, BIAS, MANT, DEGREE, COEFFS)                                          \
+#define DEFINE_PASS(NAME, T, ACC, IT, BIAS, MANT, DEGREE, COEFFS, SQRT)                                          \
     enum { NAME##_lanes = VECTOR_BYTES / sizeof(T) };                                                             \
     typedef T NAME##_vt __attribute__((vector_size(VECTOR_BYTES)));                                               \
     typedef IT NAME##_vi __attribute__((vector_size(VECTOR_BYTES)));                                              \
@@ -46,9 +49,9 @@ int kgp_max_columns(void) { return MAX_K; }
         return p * (NAME##_vt)bits;                                                                               \
     }                                                                                                             \
     void NAME(const T *R, const T *CT, const T *VT, const T *W, ACC *OUT, T *BUF, int64_t n0, int64_t n1,       \
-              int64_t D, int64_t MP, int64_t k, T lo) {                                                          \
-        T u[TILE * MAX_K];                                                                                            \
-        const NAME##_vt vlo = (NAME##_vt){0} + lo, vzero = {0};                                                   \
+              int64_t D, int64_t MP, int64_t k, int64_t family, T lo, T hi) {                                    \
+        T u[TILE * MAX_K];                                                                                        \
+        const NAME##_vt vlo = (NAME##_vt){0} + lo, vhi = (NAME##_vt){0} + hi, vzero = {0};                        \
         for (int64_t i0 = n0; i0 < n1; i0 += TILE) {                                                              \
             /* a short last tile repeats its last row; those rows get u = 0 below, so they add nothing */          \
             const T *rp[TILE];                                                                                    \
@@ -71,10 +74,18 @@ int kgp_max_columns(void) { return MAX_K; }
                 for (int h = 0; h < 2; ++h)                                                                       \
                     for (int r = 0; r < TILE; ++r) {                                                              \
                         NAME##_vt x = acc[h][r];                                                                  \
-                        NAME##_vi low = x < vlo, high = x > vzero;                                                \
+                        NAME##_vi low = x < vlo, high = x > vhi;                                                  \
                         x = (NAME##_vt)(((NAME##_vi)x & ~low) | ((NAME##_vi)vlo & low));                          \
-                        x = (NAME##_vt)((NAME##_vi)x & ~high);                                                    \
-                        NAME##_vt e = NAME##_exp2(x);                                                             \
+                        x = (NAME##_vt)(((NAME##_vi)x & ~high) | ((NAME##_vi)vhi & high));                        \
+                        NAME##_vt e;                                                                              \
+                        if (family == RBF) {                                                                      \
+                            e = NAME##_exp2(x); /* x: the base-2 exponent */                                      \
+                        } else { /* x = a^2, the scaled squared distance: (1 + a [+ a^2 / 3]) exp(-a) */          \
+                            NAME##_vt a;                                                                          \
+                            for (int l = 0; l < NAME##_lanes; ++l) a[l] = SQRT(x[l]);                             \
+                            e = NAME##_exp2(a * (T)-1.4426950408889634);                                          \
+                            e *= family == MATERN32 ? a + 1 : a * a * (T)(1.0 / 3.0) + a + 1;                     \
+                        }                                                                                         \
                         memcpy(BUF + r * MP + j + h * NAME##_lanes, &e, sizeof e);                                \
                     }                                                                                             \
             }                                                                                                     \
@@ -126,6 +137,6 @@ int kgp_max_columns(void) { return MAX_K; }
                   1.0178086009239696e-07, 7.054911620801121e-09, 4.44553827187081e-10, 2.5678435993488196e-11,      \
                   1.3691488853904124e-12, 6.778726354822543e-14}
 
-DEFINE_PASS(kgp_rbf_pass_f32, float, float, int32_t, 127, 23, 7, COEFFS32)
-DEFINE_PASS(kgp_rbf_pass_f32_f64, float, double, int32_t, 127, 23, 7, COEFFS32)
-DEFINE_PASS(kgp_rbf_pass_f64, double, double, int64_t, 1023, 52, 14, COEFFS64)
+DEFINE_PASS(kgp_pass_f32, float, float, int32_t, 127, 23, 7, COEFFS32, __builtin_sqrtf)
+DEFINE_PASS(kgp_pass_f32_f64, float, double, int32_t, 127, 23, 7, COEFFS32, __builtin_sqrtf)
+DEFINE_PASS(kgp_pass_f64, double, double, int64_t, 1023, 52, 14, COEFFS64, __builtin_sqrt)

@@ -1,4 +1,5 @@
-"""The fused kernel pass on a CPU: ``K^T (K v + w)`` for the RBF kernel without kernel blocks in memory.
+"""The fused kernel pass on a CPU: ``K^T (K v + w)`` for RBF and Matern 3/2, 5/2 kernels without kernel blocks
+in memory.
 
 The blocked pass writes each block of ``K`` (the augmented distance GEMM), rewrites it (``clamp_``,
 ``exp2_``) and reads it twice (``K v``, ``K^T u``). With blocks larger than the cache (64 MiB, the fastest
@@ -17,7 +18,8 @@ Used by :class:`~kgp.operators.products.StreamingProducts` (``fused_matmul``, al
 
 - :data:`kgp.settings.fused_kernels` is ``"auto"`` (the default) or ``"always"``; ``"never"`` turns it off.
   Without a working compiler ``"auto"`` falls back silently, ``"always"`` with a warning;
-- the operator is on the CPU, float32 or float64, with distances in its own dtype, family ``rbf``;
+- the operator is on the CPU, float32 or float64, with distances in its own dtype, family ``rbf``,
+  ``matern32`` or ``matern52`` (Matern 1/2 needs the blocked pass's recomputation of near-zero distances);
 - at most :data:`MAX_COLUMNS` right-hand-side columns;
 - ``x1`` and ``x2`` differ (on ``K(X, X)`` the blocked path sets the diagonal to exactly 1), no autograd;
 - no stored ``K``: under ``kernel_cache="auto"`` a ``K`` that fits the memory budget is stored at the
@@ -27,8 +29,8 @@ Used by :class:`~kgp.operators.products.StreamingProducts` (``fused_matmul``, al
   faster than reading a stored ``K``, so ``K`` is never stored.
 
 The exponential is ``2^f 2^-m`` with ``m = round(-x)`` and a Taylor polynomial for ``2^f`` (degree 7 in
-float32, 14 in float64: below the dtype's rounding on ``|f| <= 1/2``); the argument is clamped to the
-blocked pass's ``[EXP_FLOOR log2(e), 0]``.
+float32, 14 in float64: below the dtype's rounding on ``|f| <= 1/2``); the GEMM's result is clamped as the
+blocked pass clamps it (``[EXP_FLOOR log2(e), 0]`` for RBF, ``a^2`` in ``[0, EXP_FLOOR^2]`` for Matern).
 """
 
 from __future__ import annotations
@@ -61,11 +63,16 @@ MAX_COLUMNS = 16
 _PAD = 64
 """Centers are padded to a multiple of this many entries: two vectors of the widest (512-bit) float32 form."""
 _DTYPES = (torch.float32, torch.float64)
+_FAMILIES = {"rbf": 0, "matern32": 1, "matern52": 2}
+"""The families the C source forms (its ``RBF``, ``MATERN32``, ``MATERN52``); Matern 1/2 needs the blocked
+pass's recomputation of near-zero distances."""
 
 
 def _flags() -> list[str]:
     # KGP_NATIVE_ARCH: another -march than the host's own (CI builds the 256-bit form on AVX-512 hosts too)
-    return ["-O3", f"-march={os.environ.get('KGP_NATIVE_ARCH') or 'native'}", "-shared", "-fPIC", "-std=gnu11"]
+    # -fno-math-errno: sqrt without errno is one vector instruction (Matern families)
+    arch = os.environ.get("KGP_NATIVE_ARCH") or "native"
+    return ["-O3", f"-march={arch}", "-fno-math-errno", "-shared", "-fPIC", "-std=gnu11"]
 
 
 def _cache_dir() -> Path:
@@ -131,13 +138,13 @@ def _load() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(target))
     pointer, size = ctypes.c_void_p, ctypes.c_int64
     for name, scalar in (
-        ("kgp_rbf_pass_f32", ctypes.c_float),
-        ("kgp_rbf_pass_f32_f64", ctypes.c_float),
-        ("kgp_rbf_pass_f64", ctypes.c_double),
+        ("kgp_pass_f32", ctypes.c_float),
+        ("kgp_pass_f32_f64", ctypes.c_float),
+        ("kgp_pass_f64", ctypes.c_double),
     ):
         fn = getattr(lib, name)
         fn.restype = None
-        fn.argtypes = [pointer] * 6 + [size] * 5 + [scalar]
+        fn.argtypes = [pointer] * 6 + [size] * 6 + [scalar] * 2
     if lib.kgp_max_columns() != MAX_COLUMNS or 2 * lib.kgp_vector_bytes() > _PAD * 4:
         raise RuntimeError("fused_cpu.c and fused_cpu.py disagree on the column cap or the padding")
     return lib
@@ -153,7 +160,7 @@ def native_applies(op, k: int, *rhs: Tensor) -> bool:
     docstring); a stored ``K`` is only seen once it exists, :func:`use_native` is what the products call."""
     mode = settings.fused_kernels.value()
     x1 = op.x1
-    if mode == "never" or op.recipe.family != "rbf" or x1.device.type != "cpu" or not 1 <= k <= MAX_COLUMNS:
+    if mode == "never" or op.recipe.family not in _FAMILIES or x1.device.type != "cpu" or not 1 <= k <= MAX_COLUMNS:
         return False
     if x1.dtype not in _DTYPES or op.distance_dtype is not None or op._needs_grad():
         return False
@@ -233,11 +240,14 @@ def native_pass(op, vs: Tensor, w: Tensor | None, accumulate: torch.dtype) -> Te
     vt[:, :m] = vs.T
     wc = None if w is None else w.to(dtype).contiguous()
     fn = {
-        (torch.float32, torch.float32): lib.kgp_rbf_pass_f32,
-        (torch.float32, torch.float64): lib.kgp_rbf_pass_f32_f64,
-        (torch.float64, torch.float64): lib.kgp_rbf_pass_f64,
+        (torch.float32, torch.float32): lib.kgp_pass_f32,
+        (torch.float32, torch.float64): lib.kgp_pass_f32_f64,
+        (torch.float64, torch.float64): lib.kgp_pass_f64,
     }[(dtype, accumulate)]
-    lo = EXP_FLOOR[dtype] * _LOG2E
+    family = op.recipe.family
+    floor = EXP_FLOOR[dtype]
+    # the blocked pass's clamps (KernelRecipe.fill): the base-2 exponent for RBF, a^2 for Matern
+    lo, hi = (floor * _LOG2E, 0.0) if family == "rbf" else (0.0, floor * floor)
     tiles = -(-n // TILE)
     threads = max(1, min(torch.get_num_threads(), tiles))
     # contiguous shares of whole tiles, one per thread, each with its own buffer and partial sum
@@ -251,7 +261,7 @@ def native_pass(op, vs: Tensor, w: Tensor | None, accumulate: torch.dtype) -> Te
         start, stop = shares[i]
         fn(
             rows.data_ptr(), cols_t.data_ptr(), vt.data_ptr(), w_ptr, outs[i].data_ptr(), bufs[i].data_ptr(),
-            start, stop, dim, padded, k, lo,
+            start, stop, dim, padded, k, _FAMILIES[family], lo, hi,
         )  # fmt: skip
 
     if len(shares) == 1:
