@@ -242,3 +242,47 @@ def test_float32_with_float64_sums_runs_natively_instead_of_storing_k_at_small_d
             assert (op._cache.get("stored") is not None) == stores, (d, accumulate)
             if not stores:
                 assert torch.equal(first, again)  # the same native pass every time
+
+
+@pytest.mark.parametrize("family", ["rbf", "matern32"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("k", [1, 3])
+def test_native_k_v_alone_is_as_close_to_the_oracle_as_the_blocked_pass(family, dtype, k):
+    """``K v`` (predictions: ``op @ v``) from the pass's first half, rows written by each thread's share: within
+    twice the blocked product's error from the float64 oracle, row by row."""
+    g = torch.Generator().manual_seed(k)
+    X = torch.randn(1003, 4, generator=g, dtype=torch.float64).to(dtype)
+    Z = torch.randn(517, 4, generator=g, dtype=torch.float64).to(dtype)
+    v = torch.randn(517, k, generator=g, dtype=torch.float64).to(dtype)
+    kernel = _kernel(family, 1.1, dtype)
+    expected = _oracle(X, Z, float(kernel.lengthscale), dtype, family) @ v.double()
+    results = {}
+    for mode in ("never", "always"):
+        op = kgp.kernel_operator(kernel, X, Z)
+        with settings.kernel_cache("never"), settings.fused_kernels(mode):
+            assert fused_cpu.use_native(op, k, v) == (mode == "always")
+            results[mode] = op @ v
+    assert results["always"].shape == (1003, k) and results["always"].dtype == dtype
+    scale = float(expected.abs().max())
+    blocked = float((results["never"].double() - expected).abs().max()) / scale
+    native = float((results["always"].double() - expected).abs().max()) / scale
+    assert native <= max(2 * blocked, 16 * torch.finfo(dtype).eps), (native, blocked)
+
+
+@pytest.mark.parametrize("family", ["rbf", "matern52"])
+def test_a_row_whose_norm_overflows_gives_the_blocked_result(family):
+    """A far row (1e30 in float32: its augmented squared norm is inf) has kernel values at the floor, not NaN:
+    the padding centers must not turn ``inf * 0`` into NaN (they repeat a real center)."""
+    g = torch.Generator().manual_seed(6)
+    Z = torch.randn(50, 3, generator=g)  # 50 centers: padded to 64
+    X = torch.cat([torch.randn(9, 3, generator=g), torch.tensor([[1e30, 0.0, 0.0]])])
+    v = torch.randn(50, 2, generator=g)
+    op = kgp.kernel_operator(_kernel(family, 1.0, torch.float32), X, Z)
+    with settings.kernel_cache("never"):
+        with settings.fused_kernels("never"):
+            blocked_kv, blocked_pass = op @ v, op.fused_matmul(v)
+        assert fused_cpu.use_native(op, 2, v)
+        native_kv, native_pass = op @ v, op.fused_matmul(v)
+    assert bool(torch.isfinite(native_kv).all()) and bool(torch.isfinite(native_pass).all())
+    torch.testing.assert_close(native_kv[-1], blocked_kv[-1])
+    torch.testing.assert_close(native_pass, blocked_pass, rtol=1e-5, atol=1e-6)

@@ -9,7 +9,8 @@
 
    Layouts (row-major): R is n x D (the rows), CT is D x MP (the columns, transposed, padded to MP, a multiple
    of two vectors; padded columns are never read back), VT is k x MP (v transposed, zero in the padding),
-   W is n x k or NULL (k <= MAX_K), OUT is k x MP (accumulated into, in ACC), BUF is TILE x MP of scratch.
+   W is n x k or NULL (k <= MAX_K), OUT is k x MP (accumulated into, in ACC) or NULL (K v alone), BUF is
+   TILE x MP of scratch, KV is n x k or NULL: where given, K v + w is written there too.
    Built three times: float entries with float sums, float entries with double sums, double with double. */
 
 #include <stdint.h>
@@ -48,8 +49,8 @@ int kgp_max_columns(void) { return MAX_K; }
         NAME##_vi bits = (BIAS - m) << MANT;                                                                      \
         return p * (NAME##_vt)bits;                                                                               \
     }                                                                                                             \
-    void NAME(const T *R, const T *CT, const T *VT, const T *W, ACC *OUT, T *BUF, int64_t n0, int64_t n1,       \
-              int64_t D, int64_t MP, int64_t k, int64_t family, T lo, T hi) {                                    \
+    void NAME(const T *R, const T *CT, const T *VT, const T *W, ACC *OUT, T *BUF, T *KV, int64_t n0,            \
+              int64_t n1, int64_t D, int64_t MP, int64_t k, int64_t family, T lo, T hi) {                        \
         T u[TILE * MAX_K];                                                                                        \
         const NAME##_vt vlo = (NAME##_vt){0} + lo, vhi = (NAME##_vt){0} + hi, vzero = {0};                        \
         for (int64_t i0 = n0; i0 < n1; i0 += TILE) {                                                              \
@@ -109,8 +110,10 @@ int kgp_max_columns(void) { return MAX_K; }
                     T total = 0;                                                                                  \
                     for (int l = 0; l < NAME##_lanes; ++l) total += s[l];                                                \
                     u[r * k + c] = total + (W ? W[(i0 + r) * k + c] : (T)0);                                      \
+                    if (KV) KV[(i0 + r) * k + c] = u[r * k + c];                                                  \
                 }                                                                                                 \
             }                                                                                                     \
+            if (!OUT) continue; /* K v (+ w) alone */                                                            \
             /* the tile's rows times their inner products, summed into OUT in ACC */                              \
             for (int64_t c = 0; c < k; ++c) {                                                                     \
                 ACC *oc = OUT + c * MP;                                                                           \

@@ -53,7 +53,7 @@ from torch import Tensor
 from .. import settings
 from ..kernels.recipes import _LOG2E, EXP_FLOOR
 
-__all__ = ["native_applies", "native_error", "native_pass", "use_native"]
+__all__ = ["native_applies", "native_error", "native_pass", "native_rows_product", "use_native"]
 
 SOURCE = Path(__file__).with_name("fused_cpu.c")
 TILE = 8
@@ -144,7 +144,7 @@ def _load() -> ctypes.CDLL:
     ):
         fn = getattr(lib, name)
         fn.restype = None
-        fn.argtypes = [pointer] * 6 + [size] * 6 + [scalar] * 2
+        fn.argtypes = [pointer] * 7 + [size] * 6 + [scalar] * 2
     if lib.kgp_max_columns() != MAX_COLUMNS or 2 * lib.kgp_vector_bytes() > _PAD * 4:
         raise RuntimeError("fused_cpu.c and fused_cpu.py disagree on the column cap or the padding")
     return lib
@@ -221,17 +221,40 @@ def native_pass(op, vs: Tensor, w: Tensor | None, accumulate: torch.dtype) -> Te
     ``vs`` (``m x k``) and ``w`` (``n x k`` or None) in the operator's dtype; ``accumulate`` is that dtype or
     float64 (float32 sums of :data:`TILE` rows, then float64). The caller scales and reduces across ranks.
     """
+    m, k = op.shape_nm[1], vs.shape[1]
+    if op.shape_nm[0] == 0:  # a rank of a distributed fit holding no rows: its part of the sum
+        return torch.zeros(m, k, dtype=accumulate)
+    outs = _run(op, vs, w, accumulate, None)
+    out = outs[0]
+    for extra in outs[1:]:
+        out += extra
+    return out[:, :m].T.contiguous()
+
+
+def native_rows_product(op, vs: Tensor) -> Tensor:
+    """``K vs`` (``n x k``, unscaled ``K``) in the operator's dtype: the pass's first half alone."""
+    n, k = op.shape_nm[0], vs.shape[1]
+    out = torch.empty(n, k, dtype=op.x1.dtype)
+    if n:
+        _run(op, vs, None, op.x1.dtype, out)
+    return out
+
+
+def _run(op, vs: Tensor, w: Tensor | None, accumulate: torch.dtype, kv: Tensor | None) -> list[Tensor]:
+    """One call per thread over contiguous shares of whole tiles; each thread's ``k x padded`` partial sum of
+    ``K^T (K vs + w)`` (none when ``kv`` is given: ``K vs`` is written there instead)."""
     lib = _library()
     dtype = op.x1.dtype
     n, m = op.shape_nm
     k = vs.shape[1]
-    if n == 0:  # a rank of a distributed fit holding no rows: its part of the sum
-        return torch.zeros(m, k, dtype=accumulate)
     padded = -(-m // _PAD) * _PAD
     if "native_cols" not in op._cache:
         cols = op._cols()
-        cols_t = torch.zeros(cols.shape[1], padded, dtype=dtype)
+        cols_t = torch.empty(cols.shape[1], padded, dtype=dtype)
         cols_t[:, :m] = cols.T
+        # padding repeats the first center (its v entry is 0): a zero column would give 0 * inf = NaN in the
+        # padding for a row whose augmented norm overflowed (a far row), and NaN * 0 stays NaN in the sums
+        cols_t[:, m:] = cols_t[:, :1]
         op._cache["native_cols"] = cols_t
     cols_t = op._cache["native_cols"]
     rows = op._rows(slice(0, n)).contiguous()
@@ -250,17 +273,18 @@ def native_pass(op, vs: Tensor, w: Tensor | None, accumulate: torch.dtype) -> Te
     lo, hi = (floor * _LOG2E, 0.0) if family == "rbf" else (0.0, floor * floor)
     tiles = -(-n // TILE)
     threads = max(1, min(torch.get_num_threads(), tiles))
-    # contiguous shares of whole tiles, one per thread, each with its own buffer and partial sum
     per = -(-tiles // threads) * TILE
     shares = [(s, min(s + per, n)) for s in range(0, n, per)]
-    outs = [torch.zeros(k, padded, dtype=accumulate) for _ in shares]
+    outs = [torch.zeros(k, padded, dtype=accumulate) for _ in shares] if kv is None else []
     bufs = [torch.empty(TILE, padded, dtype=dtype) for _ in shares]
     w_ptr = None if wc is None else wc.data_ptr()
+    kv_ptr = None if kv is None else kv.data_ptr()
 
     def run(i: int) -> None:
         start, stop = shares[i]
+        out_ptr = outs[i].data_ptr() if outs else None
         fn(
-            rows.data_ptr(), cols_t.data_ptr(), vt.data_ptr(), w_ptr, outs[i].data_ptr(), bufs[i].data_ptr(),
+            rows.data_ptr(), cols_t.data_ptr(), vt.data_ptr(), w_ptr, out_ptr, bufs[i].data_ptr(), kv_ptr,
             start, stop, dim, padded, k, _FAMILIES[family], lo, hi,
         )  # fmt: skip
 
@@ -268,7 +292,4 @@ def native_pass(op, vs: Tensor, w: Tensor | None, accumulate: torch.dtype) -> Te
         run(0)
     else:
         list(_executor(len(shares)).map(run, range(len(shares))))
-    out = outs[0]
-    for extra in outs[1:]:
-        out += extra
-    return out[:, :m].T.contiguous()
+    return outs

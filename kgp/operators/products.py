@@ -12,7 +12,7 @@ from torch import Tensor
 
 from .autograd import _FusedMatmul
 from .blocks import row_slices
-from .fused_cpu import native_pass, use_native
+from .fused_cpu import native_pass, native_rows_product, use_native
 from .fused_gpu import cols_product, rows_product, use_fused
 
 __all__ = ["StreamingProducts"]
@@ -67,6 +67,9 @@ class StreamingProducts:
         if use_fused(self, k, v):
             with torch.no_grad():
                 out = rows_product(self, v).unsqueeze(1)
+        elif use_native(self, k, v):
+            with torch.no_grad():
+                out = native_rows_product(self, v)
         elif k == 1:
             out = torch.empty(n, 1, dtype=v.dtype, device=v.device)
             for rows, block in self._block_views(0, n, copy=False):
