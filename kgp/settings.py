@@ -307,7 +307,8 @@ part on the tensor cores in 3xTF32 (float32 accuracy), when Triton is installed 
 pass"); otherwise the blocked pass, silently. ``"always"``: older cards too, with the distance part as an
 FMA loop whose tile shape is tuned on first use (2-16 s), and a warning where Triton is not usable.
 ``"never"``: always the blocked pass. On the CPU, ``"auto"`` and ``"always"`` run FALKON's ``K^T (K v + w)``
-with an RBF or Matern 3/2, 5/2 kernel (float32 or float64, up to 16 columns) in a C loop compiled on first use
+and ``K v`` (predictions) with an RBF or Matern 3/2, 5/2 kernel (float32 or float64, up to 16 columns) in a
+C loop compiled on first use
 (:mod:`kgp.operators.fused_cpu`: 0.21-0.70x the blocked pass's time on the 2-core development host,
 2026-11-28, docs/backend.md "A native CPU pass"); without a C compiler ``"auto"`` falls back silently and
 ``"always"`` with a warning."""

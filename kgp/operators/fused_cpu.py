@@ -14,7 +14,8 @@ into ``$KGP_CACHE_DIR`` (default ``~/.cache/kgp``), keyed by the source, the com
 flags, and loaded with ctypes; the calls release the GIL, so one Python thread per torch thread runs it.
 
 Used by :class:`~kgp.operators.products.StreamingProducts` (``fused_matmul``, also with
-``accumulate=float64``) when all of these hold, else the blocked path runs with identical semantics:
+``accumulate=float64``, and ``K v``) when all of these hold, else the blocked path runs with identical
+semantics:
 
 - :data:`kgp.settings.fused_kernels` is ``"auto"`` (the default) or ``"always"``; ``"never"`` turns it off.
   Without a working compiler ``"auto"`` falls back silently, ``"always"`` with a warning;
