@@ -436,27 +436,18 @@ def operations(n: int, m: int, d: int, dtype: torch.dtype, machine: Machine) -> 
             return streamed.fused_matmul(v)
 
     add(PASS, streamed_pass, nm * (2 * d + 4), pass_compute, pass_memory, bound=pass_compute + pass_memory)
-    with settings.fused_kernels("auto"):
-        fused = fused_applies(streamed, 1)
-    if fused:
-        # the fused kernels keep tiles in registers: no block traffic, so the bound is the compute part
-        # alone (the distance GEMM at the card's rate plus the exponentials), though they form each tile
-        # twice (once per product)
-        def fused_pass():
-            with settings.kernel_cache("never"), settings.fused_kernels("auto"):
-                return streamed.fused_matmul(v)
-
-        add(FUSED, fused_pass, nm * (2 * d + 4), pass_compute, 0.0, bound=pass_compute)
+    # the fused kernels (a GPU's Triton tiles, or the CPU's native pass) keep tiles in registers or the cache:
+    # no block traffic, so the bound is the compute part alone (the distance GEMM at the GEMM rate plus the
+    # exponentials); the GPU forms each tile twice, once per product (issue 26 target 6: within 1.5x on a CPU)
     with settings.fused_kernels("auto"), settings.kernel_cache("never"):
-        native = native_applies(streamed, 1)
-    if native:
-        # the native CPU pass forms eight rows at a time in cache: no block traffic either (issue 26 target 6:
-        # within 1.5x of this bound)
-        def native_pass():
+        fast = FUSED if fused_applies(streamed, 1) else NATIVE if native_applies(streamed, 1) else None
+    if fast is not None:
+
+        def fast_pass():
             with settings.kernel_cache("never"), settings.fused_kernels("auto"):
                 return streamed.fused_matmul(v)
 
-        add(NATIVE, native_pass, nm * (2 * d + 4), pass_compute, 0.0, bound=pass_compute)
+        add(fast, fast_pass, nm * (2 * d + 4), pass_compute, 0.0, bound=pass_compute)
 
     stored_op = kgp.kernel_operator(kernel, X, Z)
     if (n + stored_op.block_rows()) * m * w <= settings.memory_budget.value():

@@ -414,10 +414,10 @@ def _wide_rows(rows: Tensor, cols: Tensor, sq_dist: Tensor, candidates: Tensor) 
     far below what float32 resolves; subtracting that bound before the nonlinearity's clamp at 0 gives a
     duplicate exactly ``k = 1`` (a shift of 1e-14 of the norms, within the same bound). Where at least half
     the rows are candidates every row is recomputed, in slices: cheaper than gathering and scattering rows.
-    On UCI letter (EigenPro 3, 459 x 4,000 float32 blocks, near pairs in 58-79% of the rows) the test and
-    recomputation took 1.4 ms a block against 2.8 ms for the pair test and the recomputation of the pairs
-    from their differences, and the block's largest error against float64 differences went from 1.4e-6 to
-    5e-8 (2-core Intel Xeon host, 2026-11-28).
+    On UCI letter (EigenPro 3, 459 x 4,000 float32 blocks, near pairs in 58-79% of the rows) a whole block
+    took 4.3-5.4 ms against 5.1-8.9 ms with the pair test and the recomputation of the pairs from their
+    differences, and the block's largest error against float64 differences went from 1.4e-6 to 9e-8
+    (2-core Intel Xeon host, 2026-11-28).
     """
     d = rows.shape[1] - 2
     wide = torch.float64

@@ -217,14 +217,13 @@ class StreamingProducts:
             vs = None
             if v2 is not None:
                 vs = (v2 if scale is None else v2 * scale.to(v2.dtype)).to(dtype)
+            out = None
             if use_fused(base, k):
                 u = w2 if vs is None else rows_product(base, vs, w2)
                 out = base._reduce(cols_product(base, u, accumulate).unsqueeze(1))
-                if scale is not None:
-                    out.mul_(scale.to(accumulate))
-                return out.squeeze(-1) if vector else out
-            if vs is not None and use_native(base, k, vs, w2, accumulate=accumulate):
+            elif vs is not None and use_native(base, k, vs, w2, accumulate=accumulate):
                 out = base._reduce(native_pass(base, vs, w2, accumulate))
+            if out is not None:
                 if scale is not None:
                     out.mul_(scale.to(accumulate))
                 return out.squeeze(-1) if vector else out
@@ -287,11 +286,12 @@ class StreamingProducts:
         with torch.no_grad():
             # fold the outputscale into v: one m x k product instead of one per block
             vs = v if scale is None else v * scale
+            out = None
             if use_fused(self, k):
                 out = self._reduce(cols_product(self, rows_product(self, vs, w), v.dtype).unsqueeze(1))
-                return out if scale is None else out.mul_(scale)
-            if use_native(self, k, vs, w):
+            elif use_native(self, k, vs, w):
                 out = self._reduce(native_pass(self, vs, w, v.dtype))
+            if out is not None:
                 return out if scale is None else out.mul_(scale)
             if k > 1:
                 return self._fused_pass_columns(vs, w, scale)
