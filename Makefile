@@ -22,7 +22,7 @@ NUMERIC_TESTS ?= tests/test_operator.py tests/test_operator_linop.py tests/test_
 	tests/test_objectives.py tests/test_objective_holdout.py tests/test_float32.py tests/test_interop.py \
 	tests/test_fingerprints.py tests/test_distributed.py tests/test_distributed_eigenpro.py \
 	tests/test_linalg_blocked.py tests/test_variance_rows.py tests/test_matern12_near_zero.py \
-	tests/test_falkon_mixed.py tests/test_fused_cpu.py
+	tests/test_falkon_mixed.py tests/test_fused_cpu.py tests/test_direct_lapack.py
 # MKL's conditional-numerical-reproducibility path for every CPU (no AVX2 / AVX-512 kernels), one thread
 NUMERIC_ENV ?= MKL_CBWR=COMPATIBLE MKL_NUM_THREADS=1 OMP_NUM_THREADS=1
 NUMERIC_EXCLUDE ?=

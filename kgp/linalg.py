@@ -10,11 +10,13 @@ Public API for plugin authors (the built-ins use nothing else):
 - :func:`smallest_eigenvalue_from_cholesky`: the same for the bottom eigenvalue of ``L L^T``, by
   inverse iteration through the factor.
 - :func:`inverse_from_cholesky`: ``A^{-1}`` from the lower factor of ``A`` in ``2 n^3 / 3`` flops.
-- :func:`cholesky_in_place`, :func:`solve_lower_in_place`, :func:`gram_of_lower`: blocked Cholesky,
+- :func:`cholesky_in_place`, :func:`solve_lower_in_place`, :func:`gram_of_lower`: Cholesky,
   triangular solves and ``L^T L`` written over their input, so that a large factorisation holds one
   ``M x M`` array instead of two or three (``torch.linalg.cholesky`` copies its input, even with
-  ``out=``). torch's own routines do the block work on any device; scipy's bundled OpenBLAS ``?lauum`` and
-  ``?potrf`` crashed the process at M = 16,000 and n = 32,000 on the development host (issue 23).
+  ``out=``). On a CPU the Cholesky is MKL's ``potrf`` on the matrix's own memory (:mod:`kgp.torch_lapack`),
+  under flush-to-zero where subnormal numbers must be kept out (:mod:`kgp.denormals`); elsewhere torch's
+  routines and blocked loops do the work on any device. scipy's bundled OpenBLAS ``?lauum`` and ``?potrf``
+  crashed the process at M = 16,000 and n = 32,000 on the development host (issue 23).
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ from linear_operator.utils.cholesky import psd_safe_cholesky
 from linear_operator.utils.errors import NotPSDError
 from linear_operator.utils.warnings import NumericalWarning
 from torch import Tensor
+
+from .denormals import flush_denormals
+from .torch_lapack import potrf_applies, potrf_lower
 
 __all__ = [
     "NotPSDError",
@@ -60,10 +65,10 @@ BLOCK = 512
 # 0.263 / 1.96 s with 256 against 0.052 / 0.306 / 2.07 s with 512.
 CHOLESKY_BLOCK = 384
 GRAM_BLOCK = 256
-# Up to this size LAPACK's potrf (on A's own memory since 2026-11-27: 0.62x the blocked loop at n = 2,000
-# in both dtypes) is used. Above it the blocked loop stays: potrf was 0.87-0.94x at 3,000-5,000 and
-# 0.93-1.04x at 8,000, too little to change the rounding of the float32 FALKON setup at M = 5,000, where
-# another panel orientation broke a UCI sweep fit (docs/backend.md, "LAPACK in place").
+# Where LAPACK cannot be called directly (kgp.torch_lapack), torch's potrf (on A's own memory: 0.62x the
+# blocked loop at n = 2,000 in both dtypes, 2026-11-27) is used up to this size and the blocked loop above it:
+# torch's routine then also zeroes the other triangle against the memory order (docs/backend.md, "LAPACK in
+# place" and "The setup without copies").
 POTRF_MAX = 2048
 
 
@@ -185,17 +190,20 @@ def cholesky_in_place(
 ) -> Tensor:
     """Lower Cholesky factor of a symmetric positive definite ``A``, written over ``A``.
 
-    Right-looking blocked Cholesky: only the lower triangle of ``A`` is read, the strict upper triangle
-    is set to zero, and the temporaries are one ``n x block`` panel. ``n^3 / 3`` flops in GEMMs of
-    block width (``block``; None: :data:`CHOLESKY_BLOCK`, and up to :data:`POTRF_MAX` rows LAPACK's
-    ``potrf`` on a copy, which is faster there).
+    Only the lower triangle of ``A`` is read, the strict upper triangle is set to zero. With ``block=None``
+    a contiguous float32/float64 CPU matrix goes to LAPACK's ``potrf`` on its own memory
+    (:mod:`kgp.torch_lapack`, where torch's build exports it); other matrices (another device, autograd, or
+    no such symbol) go to ``torch.linalg.cholesky_ex`` up to :data:`POTRF_MAX` rows and to a right-looking
+    blocked loop above it, whose temporaries are one ``n x block`` panel (``n^3 / 3`` flops in GEMMs of
+    block width, :data:`CHOLESKY_BLOCK` unless ``block`` is given).
 
-    ``flush_below``: entries of each diagonal block and panel (before and after their factorization or
-    triangular solve) smaller than this in magnitude are set to 0 on the blocked path, and those of the
-    factor after LAPACK's ``potrf``, so that neither the trailing GEMMs nor the factor hold subnormal numbers
-    (flush the input too: :func:`tiny_fraction`),
-    which some CPUs process 10-100x slower (FALKON's float32 factorizations, ``precond_dtype="mixed"``).
-    None: nothing is changed.
+    ``flush_below``: keep subnormal numbers, which some CPUs process 10-100x slower, out of the
+    factorization (FALKON's setup, the exact solver): LAPACK then runs with the CPU's flush-to-zero mode in
+    every thread (:func:`kgp.denormals.flush_denormals`), and where that mode cannot be set the blocked
+    loop (above :data:`POTRF_MAX` rows) sets the entries of each diagonal block and panel below
+    ``flush_below`` in magnitude to 0 before and after their factorization or triangular solve. Either
+    way the factor's entries below ``flush_below`` are set to 0 at the end (flush the input too:
+    :func:`tiny_fraction`). None: nothing is changed.
 
     Raises
     ------
@@ -203,7 +211,16 @@ def cholesky_in_place(
         If a pivot block is not positive definite or not finite (``A`` is then partly overwritten).
     """
     n = A.shape[-1]
-    if block is None and n <= POTRF_MAX:
+    if block is None and potrf_applies(A):
+        # LAPACK called on A's memory is faster than the blocked loop at any size (0.52-0.83x); with flush_below the
+        # CPU's flush-to-zero mode keeps its GEMMs free of subnormal numbers, as the loop's flushes do (docs/backend.md,
+        # "The setup without copies"), and where that mode cannot be set the loop takes the large matrices
+        if not flush_below:
+            return _potrf_in_place(A, what, remedy)
+        with flush_denormals() as flushing:
+            if flushing or n <= POTRF_MAX:
+                return zero_small_entries(_potrf_in_place(A, what, remedy), flush_below)
+    elif block is None and n <= POTRF_MAX:
         L = _potrf_in_place(A, what, remedy)
         return L if not flush_below else zero_small_entries(L, flush_below)
     block = CHOLESKY_BLOCK if block is None else block
@@ -222,16 +239,18 @@ def cholesky_in_place(
         A[:k, k:e] = 0
         if e == n:
             break
-        if flush_below:
-            zero_small_entries(A[e:, k:e], flush_below)
-        # X L_kk^T = A (left=False) copies the strided panel first: 84 ms a 19,616 x 384 float32 panel against
-        # 14 ms for L_kk X^T = A^T on the transposed view, but that orientation's rounding turned
-        # tamielectric's float32 FALKON fit (M = 5,000, 20 iterations) from RMSE 1.0066 into an unconverged
-        # 1.0581, so it was not kept (docs/backend.md, "The float32 setup, 2026-11-27 evening")
-        panel = torch.linalg.solve_triangular(L_kk.mT, A[e:, k:e], upper=True, left=False)
+        panel = A[e:, k:e]
         if flush_below:
             zero_small_entries(panel, flush_below)
-        A[e:, k:e] = panel
+        if torch.is_grad_enabled() and A.requires_grad:
+            A[e:, k:e] = torch.linalg.solve_triangular(L_kk.mT, panel, upper=True, left=False)
+        else:
+            # L_kk X^T = A^T on the transposed view, written where the panel lies: LAPACK reads the strided
+            # panel in place, where X L_kk^T = A (left=False) copied it first and back (84 against 14 ms a
+            # 19,616 x 384 float32 panel; docs/backend.md, "The setup without copies")
+            torch.linalg.solve_triangular(L_kk, panel.mT, upper=False, left=True, out=panel.mT)
+        if flush_below:
+            zero_small_entries(panel, flush_below)
         for j in range(e, n, block):  # the trailing lower triangle, one block column at a time
             f = min(j + block, n)
             A[j:, j:f].addmm_(panel[j - e :], panel[j - e : f - e].mT, alpha=-1.0)
@@ -248,7 +267,9 @@ def _potrf_in_place(A: Tensor, what: str, remedy: str) -> Tensor:
     2026-11-27), as did the finiteness check of every entry: a NaN or infinity anywhere in the lower
     triangle reaches a later pivot, so the diagonal is checked.
     """
-    if torch.is_grad_enabled() and A.requires_grad:
+    if potrf_applies(A):
+        info = potrf_lower(A)
+    elif torch.is_grad_enabled() and A.requires_grad:
         # out= takes no part in autograd: factor a copy, so that the copy back stays differentiable
         L, info = torch.linalg.cholesky_ex(A)
         A.copy_(L)
@@ -381,24 +402,36 @@ def solve_lower_in_place(L: Tensor, B: Tensor, *, transpose: bool = False, block
     return B
 
 
-def gram_of_lower(L: Tensor, *, out: Tensor | None = None, block: int = GRAM_BLOCK, overwrite: bool = False) -> Tensor:
-    """The lower triangle of ``L^T L`` for a lower triangular ``L`` whose diagonal blocks are zero above the diagonal.
+def gram_of_lower(
+    L: Tensor,
+    *,
+    out: Tensor | None = None,
+    block: int = GRAM_BLOCK,
+    overwrite: bool = False,
+    scale: float = 1.0,
+) -> Tensor:
+    """The lower triangle of ``scale * L^T L`` for a lower triangular ``L`` with zeros above the diagonal of its blocks.
 
     Row block ``k`` of ``L^T L`` is ``L[k:, k]^T L[k:, :k+1]`` because ``L[i, k] = 0`` for ``i < k``: one
     GEMM per block row, ``n^3 / 3`` flops against ``2 n^3`` for the full product (the work of LAPACK
     ``?lauum``, without its crash). The strict upper triangle of ``out`` outside the diagonal blocks is
     not written, and that of ``L`` is not read. ``overwrite``: the result goes into ``L`` itself (row block
     ``k`` reads rows ``k`` on only, so it replaces row block ``k`` once formed), with no ``n x n`` array
-    allocated.
+    allocated. ``scale`` multiplies each block as it is formed (GEMM's ``alpha``): no second pass over the
+    result, whose unwritten upper triangle a whole-matrix ``mul_`` would fault in.
     """
     n = L.shape[-1]
     if overwrite:
         out = L
     elif out is None:
         out = torch.empty_like(L)
+    in_place = overwrite or (torch.is_grad_enabled() and (L.requires_grad or out.requires_grad))
     for k in range(0, n, block):
         e = min(k + block, n)
-        out[k:e, :e] = L[k:, k:e].mT @ L[k:, :e]
+        if in_place:  # the block's inputs overlap its output, or autograd needs a plain product
+            out[k:e, :e] = L[k:, k:e].mT @ L[k:, :e] if scale == 1.0 else (L[k:, k:e].mT @ L[k:, :e]) * scale
+        else:  # straight into the output rows, no temporary (beta = 0: their old contents are not read)
+            torch.addmm(out[k:e, :e], L[k:, k:e].mT, L[k:, :e], beta=0.0, alpha=scale, out=out[k:e, :e])
     return out
 
 

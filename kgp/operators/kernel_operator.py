@@ -270,8 +270,7 @@ class KernelOperator(BlockWorkspace, StreamingProducts, BlockAutograd, LinearOpe
         if self._fast():
             n, m = self.shape_nm
             out = torch.empty(n, m, dtype=self.x1.dtype, device=self.x1.device)
-            for rows, block in self.blocks():
-                out[rows] = block
+            self.fill_dense(out)
             scale = self._scale()
             if scale is not None:
                 out.mul_(scale)

@@ -40,8 +40,8 @@ def upper_cholesky_of_scaled_product(
     NotPSDError
         If the product is not numerically positive definite (``what`` names it, ``remedy`` ends the message).
     """
-    P = gram_of_lower(L)
-    P.mul_(scale).diagonal().add_(shift)
+    P = gram_of_lower(L, scale=scale)
+    P.diagonal().add_(shift)
     flush_below = flush_for_cholesky(P) if flush else None
     return cholesky_in_place(P, what=what, remedy=remedy, flush_below=flush_below).mT
 

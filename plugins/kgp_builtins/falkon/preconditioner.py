@@ -27,9 +27,10 @@ Numerics (see docs/solvers/falkon.md for the measurements behind these choices):
 - ``factorization="pivoted"``: a pivoted Cholesky (LAPACK ``?pstrf``) that stops at pivots below
   ``rcond`` times the top eigenvalue; the dropped centers get ``alpha = 0`` and ``Q`` of Def. 3 is
   the column selection of the kept ones. ``O(M q^2)``: for large M with a low numerical rank.
-- ``T`` and ``A = chol(T T^T / M + lambda I)`` are blocked Cholesky factorisations written in place, with
-  ``T T^T = L^T L`` formed in ``M^3 / 3`` flops (:mod:`kgp.linalg`): two ``M x M`` arrays at the peak, any
-  M that memory holds (scipy's ``?lauum`` crashed at M = 16,000).
+- ``T`` and ``A = chol(T T^T / M + lambda I)`` are Cholesky factorisations written in place (LAPACK's
+  ``potrf`` on the matrix's memory under flush-to-zero on a CPU), with ``T T^T = L^T L`` formed in ``M^3 / 3``
+  flops (:mod:`kgp.linalg`): two ``M x M`` arrays at the peak, any M that memory holds (scipy's ``?lauum``
+  crashed at M = 16,000).
 - Every not-positive-definite failure (``factorization="cholesky"`` on a rank-deficient ``K_MM``, a
   kernel with a non-positive diagonal, ``A`` in too low a precision) raises
   :class:`kgp.linalg.NotPSDError` naming the matrix and a remedy.
@@ -462,9 +463,7 @@ def mixed_cholesky(problem: Problem, weights: Tensor | None, *, jitter: float) -
         return None
     extra = MIXED_A_SHIFT * torch.finfo(f32).eps * (mean_diag + shift)
     for _ in range(3):
-        gram_of_lower(G, out=P)
-        for r, e in _lower_blocks(M):  # not the unwritten upper triangle (see _flush_tiny)
-            P[r:e, :e].mul_(1.0 / M)
+        gram_of_lower(G, out=P, scale=1.0 / M)
         P.diagonal().add_(lam + extra)
         _flush_tiny(P, float(P.diagonal().double().mean()))
         try:
