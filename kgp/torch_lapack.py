@@ -9,9 +9,10 @@ order: 0.52-0.83x the time of kgp's blocked loop at n = 2,000 to 10,000 in both 
 float32, 146-150 in float64, against a GEMM rate of 326 / 158; docs/backend.md, "The setup without copies").
 
 torch's Linux x86 wheels link MKL statically into ``libtorch_cpu`` and export its LAPACK symbols
-(``spotrf_``, ``dpotrf_``, 32-bit integers). Where they are missing (another platform or build) or a one-time
-check on a 3 x 3 matrix disagrees with ``torch.linalg.cholesky``, :func:`potrf_lower` returns None and callers
-use torch's routine. The call releases the GIL and runs on the threads torch set for MKL.
+(``spotrf_``, ``dpotrf_``; their integers are passed as 64-bit ones holding 32-bit values, which both LAPACK
+integer widths read alike on a little-endian CPU). Where the symbols are missing (another platform or build)
+or a one-time check on a 3 x 3 matrix disagrees with ``torch.linalg.cholesky``, :func:`potrf_applies` is False
+and callers use torch's routine. The call releases the GIL and runs on the threads torch set for MKL.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import sys
 
 import torch
 from torch import Tensor
@@ -43,20 +45,22 @@ def _library() -> ctypes.CDLL | None:
 
 
 def _call(A: Tensor) -> int:
-    n = ctypes.c_int(A.shape[0])
-    info = ctypes.c_int(0)
+    # 64-bit integers holding 32-bit values: on a little-endian CPU both LAPACK integer widths (LP64, which
+    # torch's MKL uses, and ILP64) read the same n, and a 32-bit info lands in the low half of a zeroed 64
+    n = ctypes.c_int64(A.shape[0])
+    info = ctypes.c_int64(0)
     # A C-ordered matrix is, read in LAPACK's column order, its transpose: LAPACK's upper triangle there is
     # A's lower one, so the upper factor it writes is A's lower factor L (its strict upper triangle is left as it was)
     getattr(_library(), _SYMBOLS[A.dtype])(
         b"U", ctypes.byref(n), ctypes.c_void_p(A.data_ptr()), ctypes.byref(n), ctypes.byref(info)
     )
-    return info.value
+    return int(info.value)
 
 
 @functools.cache
 def _works(dtype: torch.dtype) -> bool:
     """The symbol exists and factors a known 3 x 3 matrix as torch does (checked once per dtype)."""
-    if _library() is None:
+    if _library() is None or sys.byteorder != "little":
         return False
     A = torch.tensor([[4.0, 2.0, 0.4], [2.0, 5.0, 1.0], [0.4, 1.0, 3.0]], dtype=dtype)
     expected = torch.linalg.cholesky(A)
