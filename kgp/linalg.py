@@ -260,6 +260,9 @@ def cholesky_in_place(
 def _potrf_in_place(A: Tensor, what: str, remedy: str) -> Tensor:
     """LAPACK's ``potrf`` on ``A``'s own memory: the lower Cholesky factor written over ``A``.
 
+    Called directly where :func:`kgp.torch_lapack.potrf_applies` (no copy, no strided ``triu_``), else through
+    ``torch.linalg.cholesky_ex`` as follows.
+
     A row-major ``A`` is, read column-major, ``A^T``: its upper triangle there is ``A``'s lower one, so the
     upper factor of ``A.mT`` (written into ``A.mT``, with the other triangle zeroed) is ``L`` in ``A``.
     Factoring a copy and copying ``L`` back (column-major, so a transposing copy) took 1.6-1.9x as long at
