@@ -24,6 +24,20 @@ def shared_data() -> Path:
     return SHARED_DATA
 
 
+@pytest.fixture(params=["blocked", "torch", "direct"])
+def cholesky_path(request, monkeypatch) -> str:
+    """Run the test once per path of ``kgp.linalg.cholesky_in_place`` (test matrices have more than 128 rows):
+    the blocked loop, torch's potrf (where LAPACK cannot be called directly, up to ``POTRF_MAX``), and LAPACK
+    on the matrix's memory (under flush-to-zero when subnormal numbers must be kept out)."""
+    import kgp.linalg
+
+    if request.param != "direct":
+        monkeypatch.setattr(kgp.linalg, "potrf_applies", lambda A: False)
+    if request.param == "blocked":
+        monkeypatch.setattr(kgp.linalg, "POTRF_MAX", 128)
+    return request.param
+
+
 def load_uci(shared: Path, name: str):
     """Load ``uci/NAME.csv.gz`` as float64 (X, y)."""
     import gzip

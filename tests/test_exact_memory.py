@@ -38,17 +38,11 @@ def test_factor_overwrites_the_matrix_in_place(dtype):
     assert alpha.dtype == dtype and alpha.shape == y.shape
 
 
-@pytest.mark.parametrize("path", ["blocked", "torch", "direct"])
-def test_entries_whose_products_are_subnormal_are_flushed(monkeypatch, path):
+def test_entries_whose_products_are_subnormal_are_flushed(cholesky_path):
     # far-apart points: K holds values down to kgp's exp floor (~1e-304), whose products in the Cholesky's
     # GEMMs are float64 subnormals (UCI parkinsons: 21 s instead of 0.6 s on an Intel host). Entries below
-    # 2^-511 of the scale are set to 0 first; the solution is the unflushed LAPACK one to float64 rounding.
-    # Paths: the blocked loop, torch's potrf (up to POTRF_MAX, where LAPACK is not called directly), and LAPACK
-    # on the matrix's memory under flush-to-zero
-    if path != "direct":
-        monkeypatch.setattr(kgp.linalg, "potrf_applies", lambda A: False)
-    if path == "blocked":
-        monkeypatch.setattr(kgp.linalg, "POTRF_MAX", 128)
+    # 2^-511 of the scale are set to 0 first; the solution is the unflushed LAPACK one to float64 rounding,
+    # on each path of the Cholesky (the cholesky_path fixture)
     g = torch.Generator().manual_seed(3)
     X = 20 * torch.randn(600, 2, generator=g, dtype=torch.float64)
     K = kgp.kernel_operator(_rbf(), X, X).to_dense().detach()

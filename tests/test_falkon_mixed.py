@@ -147,19 +147,15 @@ def test_mixed_factors_after_in_place_widening(monkeypatch):
     assert float((prec.A.mT @ prec.A - P).abs().max()) < 50 * EPS32 * float(P.diagonal().max())
 
 
-@pytest.mark.parametrize("path", ["blocked", "direct"])
-def test_mixed_factors_hold_no_subnormal_float32_values(monkeypatch, path):
+def test_mixed_factors_hold_no_subnormal_float32_values(monkeypatch, cholesky_path):
     # far-apart centers (short lengthscale against the spread, as on bike): K_MM's float64 values down to
     # e^-700 round to float32 subnormals, which slowed the float32 GEMMs of the setup 10x on an Intel host.
-    # They are flushed (TINY_FRACTION of the scale) while the factors keep their backward error. Paths: the
-    # blocked loop (where LAPACK cannot be called directly), and LAPACK on the matrix under flush-to-zero.
+    # They are flushed (TINY_FRACTION of the scale) while the factors keep their backward error, on each path of
+    # the Cholesky (the cholesky_path fixture).
     monkeypatch.setattr(falkon_prec, "MIXED_ROWS", 128)
     X, y = data(1500, d=2, seed=4)
     X = X * 20
     Z = X[:1200]
-    if path == "blocked":
-        monkeypatch.setattr(kgp.linalg, "potrf_applies", lambda A: False)
-        monkeypatch.setattr(kgp.linalg, "POTRF_MAX", 256)
     problem = problem_of(X, y, Z, 0.1)
     prec = falkon_prec.build_preconditioner(
         problem, None, factorization="cholesky", precond_dtype="mixed", jitter=JITTER, rcond=None
@@ -180,16 +176,11 @@ def test_mixed_factors_hold_no_subnormal_float32_values(monkeypatch, path):
     assert float((prec.T.mT @ prec.T - G).abs().max()) < 50 * EPS32 * float(G.diagonal().max())
 
 
-@pytest.mark.parametrize("path", ["blocked", "torch", "direct"])
-def test_float64_factors_hold_no_subnormal_values(monkeypatch, path):
+def test_float64_factors_hold_no_subnormal_values(cholesky_path):
     # the same trap in float64: K_MM's values below 2^-511 have subnormal products in the factorizations'
     # GEMMs (UCI parkinsons: a 78 s setup instead of 1.2 s on an Intel host). They are flushed
-    # (tiny_fraction(float64) = 2^-511 of the scale) and the factors keep float64's backward error. Paths: the
-    # blocked loop, torch's potrf (M <= POTRF_MAX), LAPACK on the matrix's memory under flush-to-zero.
-    if path != "direct":
-        monkeypatch.setattr(kgp.linalg, "potrf_applies", lambda A: False)
-    if path == "blocked":
-        monkeypatch.setattr(kgp.linalg, "POTRF_MAX", 256)
+    # (tiny_fraction(float64) = 2^-511 of the scale) and the factors keep float64's backward error, on each path
+    # of the Cholesky (the cholesky_path fixture).
     X, y = data(1100, d=2, seed=4)
     X = X * 20
     Z = X[:900]
