@@ -4,7 +4,7 @@ Run (one command; on the shared machine take the benchmark lock and fix the thre
 
     flock /tmp/kgp-bench.lock env OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE \\
         .venv/bin/python benchmarks/bench_roofline.py [--quick] [--m 2000,5000,10000] [--n 32000] [--d 8] \\
-        [--dtypes float32,float64] [--reps 3] [--threads T] [--jsonl PATH]
+        [--dtypes float32,float64] [--reps 3] [--threads T] [--jsonl PATH] [--ops setup,setup_mixed,...]
 
 First the machine is measured, per dtype:
 
@@ -346,7 +346,28 @@ def make_data(n: int, m: int, d: int, dtype: torch.dtype, seed: int = 0) -> tupl
     return X.to(DEVICE), Z.to(DEVICE), y.to(DEVICE), v.to(DEVICE)
 
 
-def operations(n: int, m: int, d: int, dtype: torch.dtype, machine: Machine) -> list[Operation]:
+OP_KEYS = {
+    "kmm": K_MM,
+    "chol": CHOL,
+    "chol_lapack": CHOL_LAPACK,
+    "gram_lower": GRAM_LOWER,
+    "solve": SOLVE,
+    "setup": PRECOND,
+    "setup_mixed": PRECOND_MIXED,
+    "pass": PASS,
+    "native": NATIVE,
+    "fused": FUSED,
+    "stored": STORED,
+    "stored_wide": STORED_WIDE,
+    "gram": GRAM,
+}
+"""``--ops`` keys: the operations to run (default all). At M = 30,000 the Cholesky rows alone hold three
+``M x M`` float64 arrays (21.6 GB); ``--ops setup,setup_mixed`` holds the setup's own arrays only."""
+
+
+def operations(
+    n: int, m: int, d: int, dtype: torch.dtype, machine: Machine, only: set[str] | None = None
+) -> list[Operation]:
     """The timed operations at one size and dtype, with their flops and bounds (module docstring).
 
     Parameters
@@ -357,7 +378,14 @@ def operations(n: int, m: int, d: int, dtype: torch.dtype, machine: Machine) -> 
         float32 or float64.
     machine:
         The measured rates.
+    only:
+        Operation names (values of :data:`OP_KEYS`) to build and time; None: all. Arrays that only the
+        others need are not allocated.
     """
+
+    def want(*names: str) -> bool:
+        return only is None or any(name in only for name in names)
+
     if m > n:
         raise ValueError(f"M = {m} exceeds n = {n}: the centers are drawn from the rows")
     X, Z, y, v = make_data(n, m, d, dtype)
@@ -375,28 +403,41 @@ def operations(n: int, m: int, d: int, dtype: torch.dtype, machine: Machine) -> 
 
     kmm_compute = 2 * m * m * d / G_rate + m * m / E_rate
     kmm_memory = m * m * w / B_rate
-    add(K_MM, lambda: kgp.kernel_operator(kernel, Z).to_dense(), 2 * m * m * d, kmm_compute, kmm_memory)
+    if want(K_MM):
+        add(K_MM, lambda: kgp.kernel_operator(kernel, Z).to_dense(), 2 * m * m * d, kmm_compute, kmm_memory)
 
-    # the matrix FALKON factors: K_MM plus a jitter on the diagonal
-    spd = kgp.kernel_operator(kernel, Z).to_dense()
-    spd.diagonal().add_(JITTER * float(spd.diagonal().mean()))
-    work = torch.empty_like(spd)
     cubic = m**3 / 3
     tri_bytes = m * m * w
-    add(CHOL, lambda: cholesky_in_place(work), cubic, cubic / G_rate, tri_bytes / B_rate, setup=lambda: work.copy_(spd))
-    add(CHOL_LAPACK, lambda: torch.linalg.cholesky(spd), cubic, cubic / G_rate, tri_bytes / B_rate)
-    L = torch.linalg.cholesky(spd)  # lower, strict upper triangle zero, as gram_of_lower requires
-    # written into the Cholesky's scratch array: one M x M array less at the peak (800 MB at M = 10,000)
-    add(GRAM_LOWER, lambda: gram_of_lower(L, out=work), cubic, cubic / G_rate, tri_bytes / B_rate)
-    rhs = torch.empty_like(v)
-    add(
-        SOLVE,
-        lambda: solve_lower_in_place(L, rhs),
-        m * m,
-        m * m / G_rate,
-        tri_bytes / 2 / B_rate,
-        setup=lambda: rhs.copy_(v),
-    )
+    if want(CHOL, CHOL_LAPACK, GRAM_LOWER, SOLVE):
+        # the matrix FALKON factors: K_MM plus a jitter on the diagonal
+        spd = kgp.kernel_operator(kernel, Z).to_dense()
+        spd.diagonal().add_(JITTER * float(spd.diagonal().mean()))
+        work = torch.empty_like(spd)
+        if want(CHOL):
+            add(
+                CHOL,
+                lambda: cholesky_in_place(work),
+                cubic,
+                cubic / G_rate,
+                tri_bytes / B_rate,
+                setup=lambda: work.copy_(spd),
+            )
+        if want(CHOL_LAPACK):
+            add(CHOL_LAPACK, lambda: torch.linalg.cholesky(spd), cubic, cubic / G_rate, tri_bytes / B_rate)
+        L = torch.linalg.cholesky(spd)  # lower, strict upper triangle zero, as gram_of_lower requires
+        # written into the Cholesky's scratch array: one M x M array less at the peak (800 MB at M = 10,000)
+        if want(GRAM_LOWER):
+            add(GRAM_LOWER, lambda: gram_of_lower(L, out=work), cubic, cubic / G_rate, tri_bytes / B_rate)
+        rhs = torch.empty_like(v)
+        if want(SOLVE):
+            add(
+                SOLVE,
+                lambda: solve_lower_in_place(L, rhs),
+                m * m,
+                m * m / G_rate,
+                tri_bytes / 2 / B_rate,
+                setup=lambda: rhs.copy_(v),
+            )
     problem = Problem(X=X, y=y, kernel=kernel, noise=NOISE, centers=Z)
 
     def setup(precond_dtype: str):
@@ -404,25 +445,26 @@ def operations(n: int, m: int, d: int, dtype: torch.dtype, machine: Machine) -> 
             problem, None, factorization="cholesky", precond_dtype=precond_dtype, jitter=JITTER, rcond=None
         )
 
-    add(
-        PRECOND,
-        setup("input"),
-        2 * m * m * d + m**3,
-        kmm_compute + m**3 / G_rate,
-        2.5 * m * m * w / B_rate,  # K_MM written, then three triangles
-        bound=max(kmm_compute, kmm_memory) + m**3 / G_rate,
-    )
+    if want(PRECOND):
+        add(
+            PRECOND,
+            setup("input"),
+            2 * m * m * d + m**3,
+            kmm_compute + m**3 / G_rate,
+            2.5 * m * m * w / B_rate,  # K_MM written, then three triangles
+            bound=max(kmm_compute, kmm_memory) + m**3 / G_rate,
+        )
 
-    if dtype == torch.float32:
+    if dtype == torch.float32 and want(PRECOND_MIXED):
         # what a float32 FALKON fit runs by default (precond_dtype="auto" -> "mixed", mixed_cholesky): K_MM
-        # evaluated in float64, the three M^3 / 3 steps in float32, the factors widened to float64
+        # evaluated in float64, the three M^3 / 3 steps in float32 (the CG reads the float32 factors)
         kmm64 = 2 * m * m * d / machine.gemm[torch.float64] + m * m / machine.exp[torch.float64]
         add(
             PRECOND_MIXED,
             setup("mixed"),
             2 * m * m * d + m**3,
             kmm64 + m**3 / G_rate,
-            (m * m * 8 + 2 * m * m * w + 2 * m * m * 8) / B_rate,  # K_MM, the factors, both widened
+            (m * m * 8 + 2 * m * m * w) / B_rate,  # K_MM in float64 blocks, the two float32 factors
             bound=kmm64 + m**3 / G_rate,
         )
 
@@ -435,13 +477,14 @@ def operations(n: int, m: int, d: int, dtype: torch.dtype, machine: Machine) -> 
         with settings.kernel_cache("never"), settings.fused_kernels("never"):
             return streamed.fused_matmul(v)
 
-    add(PASS, streamed_pass, nm * (2 * d + 4), pass_compute, pass_memory, bound=pass_compute + pass_memory)
+    if want(PASS):
+        add(PASS, streamed_pass, nm * (2 * d + 4), pass_compute, pass_memory, bound=pass_compute + pass_memory)
     # the fused kernels (a GPU's Triton tiles, or the CPU's native pass) keep tiles in registers or the cache:
     # no block traffic, so the bound is the compute part alone (the distance GEMM at the GEMM rate plus the
     # exponentials); the GPU forms each tile twice, once per product (issue 26 target 6: within 1.5x on a CPU)
     with settings.fused_kernels("auto"), settings.kernel_cache("never"):
         fast = FUSED if fused_applies(streamed, 1) else NATIVE if native_applies(streamed, 1) else None
-    if fast is not None:
+    if fast is not None and want(fast):
 
         def fast_pass():
             with settings.kernel_cache("never"), settings.fused_kernels("auto"):
@@ -450,7 +493,7 @@ def operations(n: int, m: int, d: int, dtype: torch.dtype, machine: Machine) -> 
         add(fast, fast_pass, nm * (2 * d + 4), pass_compute, 0.0, bound=pass_compute)
 
     stored_op = kgp.kernel_operator(kernel, X, Z)
-    if (n + stored_op.block_rows()) * m * w <= settings.memory_budget.value():
+    if want(STORED, STORED_WIDE) and (n + stored_op.block_rows()) * m * w <= settings.memory_budget.value():
         stored_memory = nm * w / B_rate + nm * w / C_rate
 
         def stored_pass(accumulate=None):
@@ -460,8 +503,9 @@ def operations(n: int, m: int, d: int, dtype: torch.dtype, machine: Machine) -> 
         # the operator keeps K from its second product on: both before the timing, which may skip its warm-up
         stored_pass()
         stored_pass()
-        add(STORED, stored_pass, 4 * nm, 4 * nm / G_rate, stored_memory, bound=stored_memory)
-        if dtype == torch.float32:
+        if want(STORED):
+            add(STORED, stored_pass, 4 * nm, 4 * nm / G_rate, stored_memory, bound=stored_memory)
+        if dtype == torch.float32 and want(STORED_WIDE):
             add(
                 STORED_WIDE,
                 lambda: stored_pass(torch.float64),
@@ -478,7 +522,8 @@ def operations(n: int, m: int, d: int, dtype: torch.dtype, machine: Machine) -> 
             return gram_op.gram()
 
     gram_compute = (nm * m + 2 * nm * d) / G_rate + nm / E_rate
-    add(GRAM, gram, nm * m, gram_compute, 0.0)
+    if want(GRAM):
+        add(GRAM, gram, nm * m, gram_compute, 0.0)
     return ops
 
 
@@ -520,6 +565,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true", help="M = 200,400, n = 2000, reps 2: a smoke run")
     parser.add_argument("--jsonl", default=str(DEFAULT_JSONL), help="JSON-lines log to append to ('' for none)")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cuda (default cpu)")
+    parser.add_argument(
+        "--ops", default="", help=f"comma-separated operations to run (default all): {', '.join(OP_KEYS)}"
+    )
     return parser
 
 
@@ -548,6 +596,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
     d = args.d
     dtypes = parse_list(args.dtypes, parse_dtype)
     reps = args.reps or (2 if args.quick else 3)
+    only = None
+    if args.ops:
+        unknown = [key for key in parse_list(args.ops, str) if key not in OP_KEYS]
+        if unknown:
+            raise SystemExit(f"--ops: unknown {unknown}; expected some of {', '.join(OP_KEYS)}")
+        only = {OP_KEYS[key] for key in parse_list(args.ops, str)}
     gemm_side = min(4096, max(1024, max(ms)))
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     threads = torch.get_num_threads()
@@ -589,7 +643,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         print("|---|---|---|---|---|---|")
         for m in ms:
             with torch.no_grad():
-                ops = operations(n, m, d, dtype, machine)
+                ops = operations(n, m, d, dtype, machine, only)
                 estimate = sum(op.bound * (1 if op.bound > SINGLE_RUN_BOUND_S else reps + 1) for op in ops)
                 print(f"| *M = {m}: at least {estimate:.2g} s at the bounds* | | | | | |", flush=True)
                 for op in ops:

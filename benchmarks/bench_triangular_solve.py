@@ -7,6 +7,10 @@ with ``torch.linalg.solve_triangular`` (the baseline, MKL in torch's CPU wheels)
 ``||L X - B||`` of kgp's solve relative to the baseline's. ``L`` is the Cholesky factor of a Gaussian
 kernel matrix on random points plus 1e-3 I, as in FALKON's preconditioner.
 
+``--dtypes mixed``: a float32 factor with float64 right-hand sides (FALKON's float32 default), solved by the
+native C loop (``LowerFactor.solve``, :mod:`kgp.triangular`) against the same solve on the factor widened to
+float64 (what the preconditioner held before 2026-11-28), with the relative difference of the answers.
+
 How long LAPACK's solve takes depends on how OpenMP threads wait (``OMP_WAIT_POLICY``, read once when the
 process starts), so by default the script runs itself twice, with ``PASSIVE`` (what the kgp command, the
 Makefile and CI set) and with the variable unset (torch's default in a script), and prints both tables.
@@ -14,7 +18,7 @@ Makefile and CI set) and with the variable unset (torch's default in a script), 
 Usage::
 
     .venv/bin/python benchmarks/bench_triangular_solve.py [--sizes 2000,5000,10000,20000] [--columns 1,2,4,8]
-        [--dtypes float64,float32] [--reps 5] [--policy both|PASSIVE|unset]
+        [--dtypes float64,float32,mixed] [--reps 5] [--policy both|PASSIVE|unset]
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import subprocess
 import sys
 import time
 
-DTYPES = ("float64", "float32")
+DTYPES = ("float64", "float32", "mixed")
 
 
 def child(args: argparse.Namespace) -> None:
@@ -43,6 +47,7 @@ def child(args: argparse.Namespace) -> None:
         "| resid blocks / torch | kgp runs (lower / upper) |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
+    mixed = []
     for M in (int(m) for m in args.sizes.split(",")):
         g = torch.Generator().manual_seed(0)
         X = torch.randn(M, 8, dtype=torch.float64, generator=g)
@@ -51,6 +56,8 @@ def child(args: argparse.Namespace) -> None:
         L64 = torch.linalg.cholesky(K)
         del K
         for dname in args.dtypes.split(","):
+            if dname == "mixed":
+                continue
             L = L64.to(getattr(torch, dname))
             factor = LowerFactor(L)
             start = time.perf_counter()
@@ -59,6 +66,20 @@ def child(args: argparse.Namespace) -> None:
             for k in (int(c) for c in args.columns.split(",")):
                 print(row(L, factor, torch.randn(M, k, dtype=L.dtype, generator=g), args.reps), flush=True)
             print(f"<!-- M = {M} {dname}: preparing the factor (inverting its diagonal blocks) {prep:.3f} s -->")
+        if "mixed" in args.dtypes.split(","):
+            mixed.append((M, L64.float().contiguous()))  # rows contiguous, as FALKON keeps its factors
+        del L64
+    if mixed:
+        print(
+            "\n| M | k | widened float64 lower ms | native mixed lower ms | ratio | widened upper ms "
+            "| native mixed upper ms | ratio | max rel. difference |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|")
+        for M, L32 in mixed:
+            native, widened = LowerFactor(L32), LowerFactor(L32.double())
+            for k in (int(c) for c in args.columns.split(",")):
+                B = torch.randn(M, k, dtype=torch.float64, generator=g)
+                print(mixed_row(native, widened, B, args.reps), flush=True)
 
 
 def row(L, factor, B, reps: int) -> str:
@@ -84,11 +105,28 @@ def row(L, factor, B, reps: int) -> str:
     )
 
 
+def mixed_row(native, widened, B, reps: int) -> str:
+    """Float32 factor, float64 columns: the native solve against the float64 solve on the widened factor."""
+    from device_timing import best_time
+
+    times, diff = [], 0.0
+    for transpose in (False, True):
+        times.append(best_time(lambda t=transpose: widened.solve(B, transpose=t), reps, "cpu"))
+        times.append(best_time(lambda t=transpose: native.solve(B, transpose=t), reps, "cpu"))
+        a, b = native.solve(B, transpose=transpose), widened.solve(B, transpose=transpose)
+        diff = max(diff, float((a - b).norm() / b.norm()))
+    M, k = B.shape
+    return (
+        f"| {M} | {k} | {1e3 * times[0]:.2f} | {1e3 * times[1]:.2f} | {times[1] / times[0]:.2f} "
+        f"| {1e3 * times[2]:.2f} | {1e3 * times[3]:.2f} | {times[3] / times[2]:.2f} | {diff:.1e} |"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="2000,5000,10000,20000")
     parser.add_argument("--columns", default="1,2,4,8")
-    parser.add_argument("--dtypes", default="float64,float32")
+    parser.add_argument("--dtypes", default=",".join(DTYPES))
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--policy", default="both", choices=("both", "PASSIVE", "unset", "inherit"))
     args = parser.parse_args()

@@ -16,18 +16,29 @@ at the first block-row solve), so a solve is ``2 M / b`` large parallel operatio
 ones. With inverted diagonal blocks the solve is still one fixed linear map (what a preconditioner needs),
 within the block's condition number times a few ulps of ``L^{-1}``; the residuals ``||L X - B||`` measured
 against LAPACK's were 0.5-3.3x its own (same benchmark).
+
+A float32 factor solved with float64 right-hand sides (FALKON's float32 default, ``precond_dtype="mixed"``)
+runs the same block rows in C (``triangular_mixed.c``, built on first use, :mod:`kgp.native_build`): each
+float32 entry is widened in a register and every product and sum is float64, so the solve is the float64
+solve with the widened factor, while it reads half the bytes and the factor is never widened in memory.
+The panel products run on torch's thread count of Python threads, the diagonal blocks by substitution on
+one. Without a C compiler the factor is widened once into a float64 copy instead (twice the memory).
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
+from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from .linalg import flush_below_scale
+from .native_build import build_library, executor
 
-__all__ = ["SOLVE_BLOCK", "LowerFactor", "threads_sleep_when_waiting"]
+__all__ = ["SOLVE_BLOCK", "LowerFactor", "mixed_solve_error", "threads_sleep_when_waiting"]
 
 SOLVE_BLOCK = 1024
 """Rows per block of :class:`LowerFactor`. Measured with one right-hand side and passive threads (2-core
@@ -73,6 +84,19 @@ class LowerFactor:
         self.L = L
         self.block = block
         self._inverses: list[Tensor] | None = None
+        self._wide: LowerFactor | None = None
+
+    def uses_native(self, B: Tensor) -> bool:
+        """Whether :meth:`solve` of ``B`` runs the native mixed-precision solve (float32 ``L``, float64 ``B``,
+        on the CPU, ``L``'s rows contiguous, and the C source built here)."""
+        L = self.L
+        return (
+            L.dtype == torch.float32
+            and B.dtype == torch.float64
+            and L.device.type == "cpu"
+            and L.stride(1) == 1
+            and _mixed_library() is not None
+        )
 
     def uses_blocks(self, columns: int, *, transpose: bool) -> bool:
         """Whether :meth:`solve` of ``columns`` right-hand sides runs block rows (else LAPACK's solve)."""
@@ -81,15 +105,26 @@ class LowerFactor:
         return (columns == 1 and threads_sleep_when_waiting()) or (columns >= 2 and transpose)
 
     def solve(self, B: Tensor, *, transpose: bool = False) -> Tensor:
-        """``L^{-1} B`` (or ``L^{-T} B`` with ``transpose``) for ``B`` of shape ``M x k``; a new tensor."""
+        """``L^{-1} B`` (or ``L^{-T} B`` with ``transpose``) for ``B`` of shape ``M x k``; a new tensor.
+
+        ``B`` has the factor's dtype, or float64 with a float32 factor: then the solve runs in float64 on
+        the factor's exactly widened entries (module docstring) and returns float64.
+        """
         L = self.L
         if B.ndim != 2 or B.shape[0] != L.shape[0]:
             raise ValueError(f"LowerFactor.solve: B must have shape ({L.shape[0]}, k), got {tuple(B.shape)}")
-        if B.dtype != L.dtype or B.device != L.device:
+        mixed = L.dtype == torch.float32 and B.dtype == torch.float64
+        if (B.dtype != L.dtype and not mixed) or B.device != L.device:
             raise ValueError(
-                f"LowerFactor.solve: B must have the factor's dtype and device ({L.dtype}, {L.device}), "
-                f"got {B.dtype}, {B.device}"
+                f"LowerFactor.solve: B must have the factor's dtype and device ({L.dtype}, {L.device}), or "
+                f"float64 with a float32 factor, got {B.dtype}, {B.device}"
             )
+        if mixed:
+            if self.uses_native(B):
+                return self._solve_native(B, transpose)
+            if self._wide is None:  # no compiler: a float64 copy of the factor
+                self._wide = LowerFactor(L.to(torch.float64), block=self.block)
+            return self._wide.solve(B, transpose=transpose)
         if not self.uses_blocks(B.shape[1], transpose=transpose):
             if transpose:
                 return torch.linalg.solve_triangular(L.mT, B, upper=True)
@@ -130,3 +165,71 @@ class LowerFactor:
                 r = B[s:e] if e == M else torch.addmm(B[s:e], L[e:, s:e].mT, X[e:], alpha=-1)
                 torch.mm(inv.mT, r, out=X[s:e])
         return X
+
+    def _solve_native(self, B: Tensor, transpose: bool) -> Tensor:
+        L, M = self.L, self.L.shape[0]
+        lib = _mixed_library()
+        k = B.shape[1]
+        # k x M, each column contiguous, solved in place: always a copy (B.mT of one column is contiguous)
+        X = B.mT.clone(memory_format=torch.contiguous_format)
+        ptr_l, ldl, ptr_x = L.data_ptr(), L.stride(0), X.data_ptr()
+        threads = max(1, torch.get_num_threads())
+
+        def split(a: int, b: int) -> list[tuple[int, int, int]]:  # (thread, first, stop)
+            per = -(-(b - a) // threads)
+            return [(i, r, min(r + per, b)) for i, r in enumerate(range(a, b, per))]
+
+        def run(work, parts: list[tuple[int, int, int]]) -> None:
+            if len(parts) == 1:
+                work(parts[0])
+            else:
+                list(executor(len(parts)).map(work, parts))
+
+        if not transpose:
+            for s, e in self._bounds():
+                if s > 0:
+                    run(lambda p, s=s: lib.kgp_solve_panel(ptr_l, ldl, ptr_x, M, k, p[1], p[2], s), split(s, e))
+                lib.kgp_solve_diagonal(ptr_l, ldl, ptr_x, M, k, s, e, 0)
+        else:
+            for s, e in reversed(self._bounds()):
+                if e < M:
+                    parts = split(e, M)
+                    sums = torch.empty(len(parts), k, e - s, dtype=torch.float64)
+                    run(
+                        lambda p, s=s, e=e, sums=sums: lib.kgp_solve_panel_t(
+                            ptr_l, ldl, ptr_x, M, k, s, e, p[1], p[2], sums[p[0]].data_ptr()
+                        ),
+                        parts,
+                    )
+                    X[:, s:e] -= sums.sum(0)
+                lib.kgp_solve_diagonal(ptr_l, ldl, ptr_x, M, k, s, e, 1)
+        return X.mT
+
+
+_MIXED_SOURCE = Path(__file__).with_name("triangular_mixed.c")
+_mixed_error: list[str] = []
+
+
+@functools.cache
+def _mixed_library() -> ctypes.CDLL | None:
+    """The compiled mixed-precision solve, or None where it cannot be built (:func:`mixed_solve_error`)."""
+    try:
+        lib = build_library(_MIXED_SOURCE)
+    except Exception as exc:  # no compiler, a compile error, an unwritable cache: the widened copy is used
+        _mixed_error.append(f"{type(exc).__name__}: {exc}")
+        return None
+    pointer, size = ctypes.c_void_p, ctypes.c_int64
+    for name, args in (
+        ("kgp_solve_panel", [pointer, size, pointer] + [size] * 5),
+        ("kgp_solve_panel_t", [pointer, size, pointer] + [size] * 6 + [pointer]),
+        ("kgp_solve_diagonal", [pointer, size, pointer] + [size] * 5),
+    ):
+        fn = getattr(lib, name)
+        fn.restype = None
+        fn.argtypes = args
+    return lib
+
+
+def mixed_solve_error() -> str | None:
+    """Why the native mixed-precision solve cannot be built here, or None (builds it if not tried yet)."""
+    return None if _mixed_library() is not None else (_mixed_error[-1] if _mixed_error else "unknown")

@@ -124,27 +124,33 @@ def test_mixed_on_float32_inputs_is_as_close_as_the_float64_preconditioner():
     assert rel(fitted(mixed, K), exact) < bound
 
 
-def test_mixed_factors_after_in_place_widening(monkeypatch):
-    # several blocks of the in-place float32 -> float64 widening of A (the buffer holds both factors)
+def test_mixed_factors_are_float32_triangles_in_one_buffer(monkeypatch):
+    # K_MM in several 96-row blocks; both factors stay float32 (the CG reads them in float64 arithmetic,
+    # kgp.triangular) and share one buffer of 2 M^2 float32 entries
     monkeypatch.setattr(falkon_prec, "MIXED_ROWS", 96)
-    monkeypatch.setattr(falkon_prec, "WIDEN_BYTES", 96 * 500 * 8)  # 96-row blocks at M = 500
     X, y = data(700, d=4, seed=3)
     Z = X[:500]
     problem = problem_of(X, y, Z, 0.1)
     prec = falkon_prec.build_preconditioner(
         problem, None, factorization="auto", precond_dtype="mixed", jitter=JITTER, rcond=None
     )
-    assert prec.precision == "mixed" and prec.T.dtype == F64 and prec.A.dtype == F64
+    assert prec.precision == "mixed" and prec.T.dtype == F32 and prec.A.dtype == F32 and prec.dtype == F64
+    M = Z.shape[0]
+    assert prec.A.mT.data_ptr() == prec.T.mT.data_ptr() + 4 * M * M  # G then P in one allocation
     assert torch.equal(prec.T, prec.T.triu()) and torch.equal(prec.A, prec.A.triu())
+    T, A = prec.T.to(F64), prec.A.to(F64)
     G = kgp.kernel_operator(rbf(1.0), Z, Z).to_dense()
-    M = G.shape[0]
     G.diagonal().add_(prec.shift)
     # float32 factors: backward errors of a few eps32 times the matrices' scale
-    assert float((prec.T.mT @ prec.T - G).abs().max()) < 50 * EPS32 * float(G.diagonal().max())
-    P = prec.T @ prec.T.mT / M
+    assert float((T.mT @ T - G).abs().max()) < 50 * EPS32 * float(G.diagonal().max())
+    P = T @ T.mT / M
     extra = falkon_prec.MIXED_A_SHIFT * EPS32 * float(G.diagonal().mean())
     P.diagonal().add_(problem.lam + extra)
-    assert float((prec.A.mT @ prec.A - P).abs().max()) < 50 * EPS32 * float(P.diagonal().max())
+    assert float((A.mT @ A - P).abs().max()) < 50 * EPS32 * float(P.diagonal().max())
+    # the map B' u = T^{-1} A^{-1} u in float64 on the widened factors, to float64 rounding
+    u = torch.randn(M, 2, dtype=F64, generator=torch.Generator().manual_seed(1))
+    expect = torch.linalg.solve_triangular(T, torch.linalg.solve_triangular(A, u, upper=True), upper=True)
+    assert rel(prec.apply(u), expect) < 1e3 * torch.finfo(F64).eps
 
 
 def test_mixed_factors_hold_no_subnormal_float32_values(monkeypatch, cholesky_path):
@@ -163,6 +169,7 @@ def test_mixed_factors_hold_no_subnormal_float32_values(monkeypatch, cholesky_pa
     assert prec.precision == "mixed"
     tiny = torch.finfo(F32).tiny
     for factor in (prec.T, prec.A):
+        assert factor.dtype == F32
         assert int(((factor != 0) & (factor.abs() < tiny)).sum()) == 0
         # nothing kept below eps32 / M of the factor's scale (the flush that also cuts the triangular
         # solves' chains of subnormal intermediates), which the backward error below must absorb
@@ -173,7 +180,8 @@ def test_mixed_factors_hold_no_subnormal_float32_values(monkeypatch, cholesky_pa
     G = kgp.kernel_operator(rbf(1.0), Z, Z).to_dense()
     G.diagonal().add_(prec.shift)
     assert int(((G != 0) & (G.abs() < tiny)).sum()) > 0  # the matrix itself has entries in that range
-    assert float((prec.T.mT @ prec.T - G).abs().max()) < 50 * EPS32 * float(G.diagonal().max())
+    T = prec.T.to(F64)
+    assert float((T.mT @ T - G).abs().max()) < 50 * EPS32 * float(G.diagonal().max())
 
 
 def test_float64_factors_hold_no_subnormal_values(cholesky_path):

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+import kgp.triangular
 from kgp.triangular import LowerFactor, threads_sleep_when_waiting
 
 DTYPES = [torch.float32, torch.float64]
@@ -152,3 +153,91 @@ def test_solve_lower_wide_matches_a_float64_solve_and_leaves_no_subnormal_float3
     assert float(X64[(X64 != 0)].abs().min()) >= math.sqrt(tiny64) * float(X64.abs().max()) * (1 - 1e-15)
     with pytest.raises(ValueError, match="solve_lower_wide"):
         solve_lower_wide(L32, B32[:-1])
+
+
+# float32 factor, float64 right-hand sides: the native solve (triangular_mixed.c) widens each entry exactly,
+# so it must agree with a float64 solve on the widened factor to float64's bound, far below float32's
+
+
+def mixed_case(n: int, columns: int, seed: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+    L = lower_factor(n, torch.float32, seed=seed)
+    B = torch.randn(n, columns, generator=torch.Generator().manual_seed(seed + 1), dtype=torch.float64)
+    return L, B
+
+
+needs_native_solve = pytest.mark.skipif(
+    kgp.triangular.mixed_solve_error() is not None,
+    reason=f"the native mixed-precision solve cannot be built here: {kgp.triangular.mixed_solve_error()}",
+)
+
+
+@needs_native_solve
+@pytest.mark.parametrize(("n", "block"), [(1, 4), (7, 3), (130, 32), (257, 64), (300, 300), (300, 1024), (1100, 256)])
+@pytest.mark.parametrize("columns", [1, 3])
+@pytest.mark.parametrize("transpose", [False, True])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_mixed_solve_matches_a_float64_solve_on_the_widened_factor(n, block, columns, transpose, threads):
+    L, B = mixed_case(n, columns)
+    above = torch.ones(n, n, dtype=torch.bool).triu(1)
+    L = torch.where(above, torch.tensor(float("nan")), L)  # NaN above the diagonal: never read
+    factor = LowerFactor(L, block=block)
+    assert factor.uses_native(B)
+    wide = L.double().tril()
+    ref = torch.linalg.solve_triangular(wide.mT if transpose else wide, B, upper=transpose)
+    before = B.clone()
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)  # the panels split into that many shares (a share may be empty)
+    try:
+        X = factor.solve(B, transpose=transpose)
+    finally:
+        torch.set_num_threads(previous)
+    assert X.dtype == torch.float64 and X.shape == B.shape
+    assert torch.equal(B, before)  # the right-hand sides are not overwritten
+    assert (X - ref).norm() <= forward_error_bound(wide) * ref.norm()
+
+
+@needs_native_solve
+def test_mixed_solve_takes_any_layout_of_the_right_hand_sides():
+    L, B = mixed_case(300, 4)
+    factor = LowerFactor(L, block=64)
+    wide = L.double()
+    for rhs in (B, B.mT.contiguous().mT, B[:, ::2]):
+        for transpose in (False, True):
+            ref = torch.linalg.solve_triangular(wide.mT if transpose else wide, rhs, upper=transpose)
+            X = factor.solve(rhs, transpose=transpose)
+            assert (X - ref).norm() <= forward_error_bound(wide) * ref.norm()
+
+
+def test_mixed_solve_without_the_native_code_widens_the_factor_once(monkeypatch):
+    # no compiler (or a factor whose rows are not contiguous): a float64 copy of the factor, the same answer
+    monkeypatch.setattr(kgp.triangular, "_mixed_library", lambda: None)
+    L, B = mixed_case(300, 2)
+    factor = LowerFactor(L, block=64)
+    assert not factor.uses_native(B)
+    wide = L.double()
+    for transpose in (False, True):
+        ref = torch.linalg.solve_triangular(wide.mT if transpose else wide, B, upper=transpose)
+        X = factor.solve(B, transpose=transpose)
+        assert X.dtype == torch.float64
+        assert (X - ref).norm() <= forward_error_bound(wide) * ref.norm()
+    first = factor._wide
+    assert first is not None and first.L.dtype == torch.float64
+    factor.solve(B)
+    assert factor._wide is first
+
+
+def test_mixed_solve_of_a_column_major_factor_uses_the_widened_copy():
+    L, B = mixed_case(200, 1)
+    column_major = L.mT.contiguous().mT
+    factor = LowerFactor(column_major, block=64)
+    assert not factor.uses_native(B)
+    ref = torch.linalg.solve_triangular(L.double(), B, upper=False)
+    assert (factor.solve(B) - ref).norm() <= forward_error_bound(L.double()) * ref.norm()
+
+
+def test_mixed_solve_refuses_other_dtype_pairs():
+    L64 = lower_factor(10, torch.float64)
+    with pytest.raises(ValueError, match="or float64 with a float32 factor"):
+        LowerFactor(L64).solve(torch.ones(10, 1, dtype=torch.float32))
+    with pytest.raises(ValueError, match="or float64 with a float32 factor"):
+        LowerFactor(L64.float()).solve(torch.ones(10, 1, dtype=torch.float16))

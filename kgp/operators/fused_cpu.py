@@ -38,14 +38,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import os
-import shutil
-import subprocess
-import tempfile
-import threading
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -53,6 +46,7 @@ from torch import Tensor
 
 from .. import settings
 from ..kernels.recipes import _LOG2E, EXP_FLOOR
+from ..native_build import build_library, executor
 
 __all__ = ["native_applies", "native_error", "native_pass", "native_rows_product", "use_native"]
 
@@ -69,74 +63,21 @@ _FAMILIES = {"rbf": 0, "matern32": 1, "matern52": 2}
 pass's recomputation of near-zero distances."""
 
 
-def _flags() -> list[str]:
-    # KGP_NATIVE_ARCH: another -march than the host's own (CI builds the 256-bit form on AVX-512 hosts too)
-    # -fno-math-errno: sqrt without errno is one vector instruction (Matern families)
-    arch = os.environ.get("KGP_NATIVE_ARCH") or "native"
-    return ["-O3", f"-march={arch}", "-fno-math-errno", "-shared", "-fPIC", "-std=gnu11"]
-
-
-def _cache_dir() -> Path:
-    if os.environ.get("KGP_CACHE_DIR"):
-        return Path(os.environ["KGP_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "kgp"
-
-
-def _cpu_flags() -> str:
-    """The CPU's feature flags: a library built with ``-march=native`` on one CPU may not run on another."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(("flags", "Features")):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or platform.machine()
-
-
-_build_lock = threading.Lock()
 _error: list[str] = []
 
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
     """The compiled pass (built on first use), or None where it cannot be built (:func:`native_error` says why)."""
-    with _build_lock:
-        try:
-            return _load()
-        except Exception as exc:  # no compiler, a compile error, an unwritable cache: the blocked pass runs
-            _error.append(f"{type(exc).__name__}: {exc}")
-            return None
+    try:
+        return _load()
+    except Exception as exc:  # no compiler, a compile error, an unwritable cache: the blocked pass runs
+        _error.append(f"{type(exc).__name__}: {exc}")
+        return None
 
 
 def _load() -> ctypes.CDLL:
-    compiler = shutil.which(os.environ.get("CC", "gcc"))
-    if compiler is None:
-        raise RuntimeError(f"no C compiler ({os.environ.get('CC', 'gcc')!r} not found on PATH)")
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60).stdout
-    key = hashlib.sha256(
-        SOURCE.read_bytes() + version.encode() + _cpu_flags().encode() + " ".join(_flags()).encode()
-    ).hexdigest()[:20]
-    target = _cache_dir() / f"fused_cpu-{key}.so"
-    if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        # built under a temporary name and renamed: processes building at once never load a partial file
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-        os.close(fd)
-        try:
-            done = subprocess.run(
-                [compiler, *_flags(), "-o", tmp, str(SOURCE)], capture_output=True, text=True, timeout=300
-            )
-            if done.returncode != 0:
-                raise RuntimeError(f"{compiler} failed: {done.stderr.strip()[-2000:]}")
-            os.replace(tmp, target)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-    lib = ctypes.CDLL(str(target))
+    lib = build_library(SOURCE)
     pointer, size = ctypes.c_void_p, ctypes.c_int64
     for name, scalar in (
         ("kgp_pass_f32", ctypes.c_float),
@@ -202,18 +143,6 @@ def use_native(op, k: int, *rhs: Tensor, accumulate: torch.dtype | None = None) 
     if accumulate == torch.float64 and x1.dtype == torch.float32 and x1.shape[1] <= NATIVE_OVER_STORED_MAX_DIM:
         return True
     return op._stored() is None
-
-
-_pools: dict[int, ThreadPoolExecutor] = {}
-_pools_lock = threading.Lock()
-
-
-def _executor(threads: int) -> ThreadPoolExecutor:
-    """One pool per thread count, never shut down: a pool in use by another caller stays valid."""
-    with _pools_lock:
-        if threads not in _pools:
-            _pools[threads] = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kgp-native")
-        return _pools[threads]
 
 
 def native_pass(op, vs: Tensor, w: Tensor | None, accumulate: torch.dtype) -> Tensor:
@@ -292,5 +221,5 @@ def _run(op, vs: Tensor, w: Tensor | None, accumulate: torch.dtype, kv: Tensor |
     if len(shares) == 1:
         run(0)
     else:
-        list(_executor(len(shares)).map(run, range(len(shares))))
+        list(executor(len(shares)).map(run, range(len(shares))))
     return outs

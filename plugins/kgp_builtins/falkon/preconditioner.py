@@ -13,7 +13,7 @@ holds ``B' = D Q T^{-1} A^{-1}``. Constructions (:func:`build_preconditioner`):
 Numerics (see docs/solvers/falkon.md for the measurements behind these choices):
 
 - The ``M x M`` factorizations run in ``precond_dtype``: float64 for float64 inputs; for float32 inputs
-  ``"mixed"`` (:func:`mixed_cholesky`): factored in float32, widened, applied in float64. They cost
+  ``"mixed"`` (:func:`mixed_cholesky`): factored and kept in float32, applied in float64. They cost
   ``O(M^3 + t M^2 k)``, which at M = 5,000 is still half of a fit on a 2-core CPU.
 - ``factorization="auto"`` (default, both input dtypes): ``G + jitter * mean(diag G) * I`` is
   factored by Cholesky (Example 1.1) with the jitter the solver chose (:data:`DEFAULT_JITTER`, for
@@ -92,7 +92,7 @@ class Preconditioner:
     method: str = "cholesky"
     shift: float = 0.0  # Cholesky path: T^T T = D K_MM D + shift I (absolute jitter)
     jitter: float = 0.0  # the same, relative to the mean diagonal of D K_MM D
-    precision: str = ""  # "mixed": T and A factored in float32 and widened (mixed_cholesky)
+    precision: str = ""  # "mixed": float32 T and A, applied in float64 (mixed_cholesky)
     # T^T and A^T prepared for the CG's repeated solves (kgp.triangular), built at the first solve: after
     # a distributed fit has replicated T and A in place
     _factors: dict = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -113,7 +113,10 @@ class Preconditioner:
 
     @property
     def dtype(self) -> torch.dtype:
-        """The working precision of the factors and of the CG vectors."""
+        """The working precision of the CG vectors and of every solve: the factors' dtype, except float64 for
+        ``precision="mixed"``, whose float32 factors are read in float64 arithmetic."""
+        if self.precision == "mixed":
+            return torch.float64
         return self.T.dtype if self.T is not None else self.Q.dtype
 
     def apply(self, u: Tensor) -> Tensor:
@@ -365,12 +368,6 @@ and ``||T T^T|| <= trace``), so that the float32 Cholesky of ``A`` cannot fail o
 MIXED_ROWS = 1024
 """Rows per block when ``K_MM`` is evaluated in float64 (and of the lower-triangle passes)."""
 
-WIDEN_BYTES = 8 * 2**20
-"""Bytes of float64 per block when ``A`` is widened to float64 in place. Each block goes through a temporary;
-at 1,024 rows (160 MB at M = 20,000) every temporary was freshly mapped and faulted in, and the widening took
-2.8 s against 0.43 s with 8 MiB blocks (kin40k's centers, 2-core Intel host, 2026-11-27)."""
-
-
 TINY_FRACTION = 2.0**-63
 """Entries of the float32 matrices below this fraction of their scale are set to 0 (``_flush_tiny``).
 
@@ -422,8 +419,10 @@ def mixed_cholesky(problem: Problem, weights: Tensor | None, *, jitter: float) -
     ``lambda K_MM`` part of ``W = B^T H B`` is the true one; CG on ``W`` then converges to the same
     ``alpha = B beta`` for any such ``B`` (Rudi et al. 2017, Def. 3; ``B`` only sets the conditioning).
     So the ``M^3`` work (Cholesky of ``D K_MM D + shift I``, ``T T^T``, Cholesky of ``T T^T / M + (lambda
-    + extra) I``) runs in float32 at twice the float64 GEMM rate, and the factors are then widened to
-    float64: every solve of the CG is float64, so ``B`` is an exact fixed map (float32 solves are not).
+    + extra) I``) runs in float32 at twice the float64 GEMM rate, and every solve of the CG reads the
+    float32 factors exactly widened to float64 and sums in float64 (:class:`kgp.triangular.LowerFactor`), so
+    ``B`` is a fixed map to float64 rounding (float32 solves are not), at half the memory traffic of a
+    float64 factor.
     ``A`` sets the conditioning only, so ``extra`` (:data:`MIXED_A_SHIFT`) may exceed ``lambda``. The
     regulariser uses ``T^T T = D K_MM D + shift I``, which the float32 factor satisfies to its backward
     error, about ``eps32 sqrt(M) mean(diag)`` against the ``shift`` it corrects (1e-3 of the mean diagonal):
@@ -431,8 +430,8 @@ def mixed_cholesky(problem: Problem, weights: Tensor | None, *, jitter: float) -
 
     ``K_MM`` is evaluated in float64 (the float32 distance GEMM errs by up to 3.5e-3 on some UCI sets,
     more than the jitter) and rounded to float32. Memory: the two float32 factors share one buffer the
-    size of an ``M x M`` float64 array; ``T`` is widened into a second one and ``A`` in place into the
-    buffer, so the peak is two ``M x M`` float64 arrays, as on the float64 path.
+    size of one ``M x M`` float64 array, half the float64 path's peak. Where the native solve cannot be
+    built (no C compiler) each factor is widened into a float64 copy at its first solve instead.
     """
     f32, f64 = torch.float32, torch.float64
     Z = problem.centers.points.to(f64)
@@ -477,14 +476,8 @@ def mixed_cholesky(problem: Problem, weights: Tensor | None, *, jitter: float) -
             extra *= 10.0
     else:
         return None
-    T = G.to(f64)  # lower: T of Def. 3 is its transpose
-    del G
-    # A in place: float64 row r covers float32 rows 2r - M .. 2r - M + 1 of P, all below r (already read)
-    A = buf.view(f64).view(M, M)
-    rows = max(1, WIDEN_BYTES // (8 * M))
-    for r in range(0, M, rows):
-        A[r : r + rows] = P[r : r + rows].to(f64)
-    del P
+    # G and P hold the lower factors: T of Def. 3 and A are their transposes, solved in float64 on the
+    # float32 entries (kgp.triangular.LowerFactor)
     return Preconditioner(
-        lam=lam, d=d, T=T.mT, A=A.mT, method="cholesky", shift=shift, jitter=jitter, precision="mixed"
+        lam=lam, d=d, T=G.mT, A=P.mT, method="cholesky", shift=shift, jitter=jitter, precision="mixed"
     )

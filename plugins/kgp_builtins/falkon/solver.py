@@ -61,8 +61,8 @@ class FalkonSolver:
     precond_dtype : {"auto", "float64", "mixed", "input"}, default "auto"
         Precision of ``K_MM``, its factors and the CG vectors. Kernel passes always use the
         input dtype. ``"mixed"`` (Cholesky path; eigh and pivoted run in float64): the ``M^3``
-        factorizations in float32, the factors widened to float64 and every solve and CG vector in
-        float64 (:func:`.preconditioner.mixed_cholesky`; Def. 3 / Example 1.1 need ``B`` to be one fixed
+        factorizations in float32, the factors kept in float32 and every solve and CG vector in float64
+        arithmetic (:func:`.preconditioner.mixed_cholesky`; Def. 3 / Example 1.1 need ``B`` to be one fixed
         invertible map, not an accurate one). ``"auto"``: ``"mixed"`` for float32 inputs (test RMSE within
         0.5% of the float64 preconditioner on the 15 UCI sets, setup about 0.6x), ``"float64"`` otherwise
         (mixed solves the problem only to float32 accuracy, eps32 ``||K_MM|| / noise``). ``"input"``
