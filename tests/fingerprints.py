@@ -203,8 +203,16 @@ def host_signature() -> str:
 
     model = platform.processor()
     try:
+        # the model name alone ("AMD EPYC") spans CPU generations whose MKL kernels round differently (the
+        # refit case moved by 1.6e-8 between two "AMD EPYC|AVX512" hosts): family, model and stepping too
+        fields = {}
         with open("/proc/cpuinfo") as fh:
-            model = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), model)
+            for line in fh:
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+        model = fields.get("model name", model)
+        if "cpu family" in fields:
+            model += f" (family {fields['cpu family']}, model {fields.get('model')}, stepping {fields.get('stepping')})"
     except OSError:
         pass
     env = ",".join(f"{k}={os.environ.get(k, '')}" for k in ("MKL_CBWR", "MKL_NUM_THREADS", "OMP_NUM_THREADS"))

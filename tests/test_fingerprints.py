@@ -16,7 +16,10 @@ apart (1.6e-8 for the refit's argmin), a mix of this change and of the host diff
 carries the host configuration that recorded it (``__host__/<case>``); the file's ``__host__`` is the
 default for the cases recorded before that. ``learn_exact_subset_refit`` was re-recorded once more the same
 day when ``C = K + noise I`` moved into the likelihood's own forward (its argmin moved by 1.6e-8; every
-other case stayed within 1e-10).
+other case stayed within 1e-10). On 2026-11-28 the refit case differed by 1.6e-8 on an AMD EPYC host whose
+signature matched its record's ("AMD EPYC|AVX512", another EPYC generation): the signature now names the
+CPU's family, model and stepping, and every ``learn_*`` case was re-recorded on that host (family 25, model
+17; the others moved by under 1e-10 there).
 
 Tolerance, relative to the largest value of each array, in float64:
 

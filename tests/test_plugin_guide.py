@@ -13,6 +13,7 @@ import types
 from pathlib import Path
 
 import pytest
+import torch
 
 import kgp
 from kgp.testing import OracleSpec, check_solver, make_oracle_data
@@ -69,12 +70,31 @@ def test_the_conformance_classes_of_the_guide_pass(guide, class_name):
     assert {"test_protocol", "test_contract"} & set(ran) and len(ran) >= 4, ran
 
 
+def attainable_cg_accuracy() -> float:
+    """kappa(H) eps64 for the kit's Nystrom system ``H = K_nM^T K_nM + noise K_MM``: plain CG in float64 stalls
+    at about this relative error times a growth factor of a few dozen (Greenbaum, "Iterative methods for
+    solving linear systems", ch. 7.3), whatever the CPU's rounding."""
+    data = make_oracle_data(OracleSpec())
+    kernel = OracleSpec().make_kernel(torch.float64)
+    with torch.no_grad():
+        knm = kgp.kernel_operator(kernel, data.X, data.centers).to_dense()
+        kmm = kgp.kernel_operator(kernel, data.centers).to_dense()
+        eig = torch.linalg.eigvalsh(knm.T @ knm + OracleSpec().noise * kmm)
+    return float(eig[-1] / eig[0]) * torch.finfo(torch.float64).eps
+
+
 def test_the_figures_quoted_for_the_cg_solver(guide):
-    """Section 1: '116 iterations to 4.8e-10 of the float64 Nystrom solution (float32: 3.9e-5)'."""
+    """Section 1: '114-116 iterations to about 1e-9 of the float64 Nystrom solution (float32: 3.9e-5)'.
+
+    kappa(H) = 3.2e5 here, so the attainable accuracy is about 7e-11 times CG's growth factor; measured 4.8e-10
+    (Intel Xeon host) and 1.7e-9 (AMD EPYC host, 2026-11-28). The bound allows a growth of 150 on any host and
+    still fails a run that stops early (tol 1e-8: 3.8e-8; 100 iterations: 6.9e-6).
+    """
     results = check_solver(
         "my-solver", solver_options={"maxiter": 500}, rtol=1e-6, rtol_float32=1e-2, iterative=True, skip=("device",)
     )
-    assert results["oracle"]["rel_error"] < 1e-9 and results["oracle"]["target"] == "nystrom"
+    assert results["oracle"]["rel_error"] < 150 * attainable_cg_accuracy()
+    assert results["oracle"]["target"] == "nystrom"
     assert results["dtype"]["rel_error_float32"] < 1e-4
     assert 100 <= results["callback"]["iterations_full"] <= 130
 
