@@ -109,8 +109,15 @@ def test_accumulate_sums_in_float64():
         err64 = float((only_w - exact).norm() / exact.norm())
         err32 = float((op.fused_matmul(torch.zeros(300, 2), w).double() - exact).norm() / exact.norm())
     assert err64 < 1e-6 and err32 > 2 * err64, (err64, err32)
-    kt = op.transpose_matmul(w, accumulate=F64)
+    with kgp.settings.fused_kernels("never"):
+        kt = op.transpose_matmul(w, accumulate=F64)
     torch.testing.assert_close(kt, only_w, rtol=0, atol=0)  # K^T w: the same sums as fused_matmul(0, w)
+    # by default (the CPU's native pass where it builds) too: both are the same pass's K^T (K 0 + w)
+    zero = torch.zeros(300, 2)
+    torch.testing.assert_close(
+        op.transpose_matmul(w, accumulate=F64), op.fused_matmul(zero, w, accumulate=F64), rtol=0, atol=0
+    )
+    assert float((op.transpose_matmul(w, accumulate=F64) - exact).norm() / exact.norm()) < 1e-6
     torch.testing.assert_close(op.transpose_matmul(w), (K.T @ w.double()).float(), rtol=1e-4, atol=1e-3)
     with pytest.raises(TypeError, match="accumulate"):
         op.fused_matmul(v, w, accumulate=torch.float16)

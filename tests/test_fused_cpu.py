@@ -120,6 +120,36 @@ def test_native_pass_is_as_close_to_the_oracle_as_the_blocked_pass(dtype, k, wit
     assert native <= max(2 * blocked, 16 * torch.finfo(dtype).eps), (native, blocked)
 
 
+@pytest.mark.parametrize("k", [1, 3])
+def test_float32_transpose_product_summed_in_float64_runs_natively(k, monkeypatch):
+    """``K^T w`` with float64 sums (FALKON's right-hand side ``K_nM^T y`` for float32 inputs) runs as the native
+    ``K^T (K 0 + w)``: as close to the float64 oracle as the blocked pass, or within a few roundings."""
+    g = torch.Generator().manual_seed(7)
+    X = torch.randn(1003, 6, generator=g, dtype=torch.float64).float()
+    Z = torch.randn(517, 6, generator=g, dtype=torch.float64).float()
+    kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel())
+    kernel.base_kernel.lengthscale = torch.tensor(1.3)
+    kernel.outputscale = torch.tensor(2.5)
+    kernel.requires_grad_(False)
+    w = torch.randn(1003, k, generator=g, dtype=torch.float64).float()
+    K = 2.5 * _oracle(X, Z, float(kernel.base_kernel.lengthscale), torch.float32)
+    expected = K.T @ w.double()
+    calls = []
+    original = fused_cpu.native_pass
+    monkeypatch.setattr(kgp.operators.products, "native_pass", lambda *a, **kw: calls.append(1) or original(*a, **kw))
+    results = {}
+    for mode in ("never", "auto"):
+        op = kgp.kernel_operator(kernel, X, Z)
+        with settings.fused_kernels(mode):
+            results[mode] = op.transpose_matmul(w, accumulate=torch.float64)
+    assert calls == [1]  # the "auto" product only
+    assert results["auto"].dtype == torch.float64 and results["auto"].shape == (517, k)
+    scale = float(expected.abs().max())
+    blocked = float((results["never"] - expected).abs().max()) / scale
+    native = float((results["auto"] - expected).abs().max()) / scale
+    assert native <= max(2 * blocked, 16 * torch.finfo(torch.float32).eps), (native, blocked)
+
+
 def test_native_pass_runs_only_where_it_applies():
     g = torch.Generator().manual_seed(0)
     X = torch.randn(300, 4, generator=g)
