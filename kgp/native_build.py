@@ -19,10 +19,12 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
-__all__ = ["build_library", "cache_dir", "executor"]
+__all__ = ["build_library", "cache_dir", "executor", "run_parallel"]
 
 
 def compiler_flags() -> list[str]:
@@ -102,3 +104,14 @@ def executor(threads: int) -> ThreadPoolExecutor:
         if threads not in _pools:
             _pools[threads] = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kgp-native")
         return _pools[threads]
+
+
+T = TypeVar("T")
+
+
+def run_parallel(work: Callable[[T], object], shares: Sequence[T]) -> None:
+    """``work(share)`` for every share, one pool thread each (on the calling thread when there is one share)."""
+    if len(shares) == 1:
+        work(shares[0])
+    elif shares:
+        list(executor(len(shares)).map(work, shares))

@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from .linalg import flush_below_scale
-from .native_build import build_library, executor
+from .native_build import build_library, run_parallel
 
 __all__ = ["SOLVE_BLOCK", "LowerFactor", "mixed_solve_error", "threads_sleep_when_waiting"]
 
@@ -179,23 +179,19 @@ class LowerFactor:
             per = -(-(b - a) // threads)
             return [(i, r, min(r + per, b)) for i, r in enumerate(range(a, b, per))]
 
-        def run(work, parts: list[tuple[int, int, int]]) -> None:
-            if len(parts) == 1:
-                work(parts[0])
-            else:
-                list(executor(len(parts)).map(work, parts))
-
         if not transpose:
             for s, e in self._bounds():
                 if s > 0:
-                    run(lambda p, s=s: lib.kgp_solve_panel(ptr_l, ldl, ptr_x, M, k, p[1], p[2], s), split(s, e))
+                    run_parallel(
+                        lambda p, s=s: lib.kgp_solve_panel(ptr_l, ldl, ptr_x, M, k, p[1], p[2], s), split(s, e)
+                    )
                 lib.kgp_solve_diagonal(ptr_l, ldl, ptr_x, M, k, s, e, 0)
         else:
             for s, e in reversed(self._bounds()):
                 if e < M:
                     parts = split(e, M)
                     sums = torch.empty(len(parts), k, e - s, dtype=torch.float64)
-                    run(
+                    run_parallel(
                         lambda p, s=s, e=e, sums=sums: lib.kgp_solve_panel_t(
                             ptr_l, ldl, ptr_x, M, k, s, e, p[1], p[2], sums[p[0]].data_ptr()
                         ),

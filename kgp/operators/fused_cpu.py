@@ -46,7 +46,7 @@ from torch import Tensor
 
 from .. import settings
 from ..kernels.recipes import _LOG2E, EXP_FLOOR
-from ..native_build import build_library, executor
+from ..native_build import build_library, run_parallel
 
 __all__ = ["native_applies", "native_error", "native_pass", "native_rows_product", "use_native"]
 
@@ -218,8 +218,5 @@ def _run(op, vs: Tensor, w: Tensor | None, accumulate: torch.dtype, kv: Tensor |
             start, stop, dim, padded, k, _FAMILIES[family], lo, hi,
         )  # fmt: skip
 
-    if len(shares) == 1:
-        run(0)
-    else:
-        list(executor(len(shares)).map(run, range(len(shares))))
+    run_parallel(run, range(len(shares)))
     return outs
