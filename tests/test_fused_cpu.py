@@ -18,6 +18,8 @@ from kgp.operators import fused_cpu
 pytestmark = pytest.mark.skipif(fused_cpu.native_error() is not None, reason="the native CPU pass cannot be built")
 
 LOG2E = math.log2(math.e)
+# the operator dtypes with the sums the products take (None: the operator's own)
+DTYPE_SUMS = [(torch.float32, None), (torch.float32, torch.float64), (torch.float64, None)]
 
 
 def _rbf(lengthscale: float, dtype: torch.dtype):
@@ -169,12 +171,14 @@ def test_native_pass_runs_only_where_it_applies():
         assert not fused_cpu.native_applies(kgp.kernel_operator(rbf, X, Z, distance_dtype=torch.float64), 1, v)
         tracked = v.clone().requires_grad_(True)
         assert not fused_cpu.native_applies(kgp.kernel_operator(rbf, X, Z), 1, tracked)
-    # with kernel_cache="auto" the second product stores K (it fits the budget) and reads it from then on
+    # with kernel_cache="auto" the second product stores K as the native pass forms it (it fits the budget),
+    # and the stored pass reads it from then on
     op = kgp.kernel_operator(rbf, X, Z)
     with settings.kernel_cache("auto"):
-        assert fused_cpu.use_native(op, 1, v)
-        assert not fused_cpu.use_native(op, 1, v)
-    assert op._cache.get("stored") is not None
+        assert fused_cpu.use_native(op, 1, v) and "storing" not in op._cache
+        op.fused_matmul(v)  # the operator's first use is the line above; this is its second
+        assert op._cache.get("stored") is not None and "storing" not in op._cache
+        assert fused_cpu.use_stored(op, 1, v) and not fused_cpu.native_applies(op, 1, v)
 
 
 def test_without_a_compiler_auto_falls_back_silently_and_always_warns(monkeypatch, tmp_path):
@@ -255,23 +259,112 @@ def test_concurrent_callers_get_the_sequential_result():
         assert torch.equal(a, b)
 
 
-def test_float32_with_float64_sums_runs_natively_instead_of_storing_k_at_small_d():
-    """FALKON's float32 default (float64 sums): forming K natively beat reading a stored K up to about d = 16,
-    so at ``d <= NATIVE_OVER_STORED_MAX_DIM`` K is never stored; wider inputs, or float32 sums, store it at
-    the second product as before."""
-    g = torch.Generator().manual_seed(5)
-    v = torch.randn(40, 1, generator=g)
-    narrow, wide = fused_cpu.NATIVE_OVER_STORED_MAX_DIM, fused_cpu.NATIVE_OVER_STORED_MAX_DIM + 1
+@pytest.mark.parametrize("dtype, accumulate", DTYPE_SUMS)
+@pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.parametrize("with_w", [False, True])
+def test_the_stored_pass_is_the_native_pass_on_the_entries_it_stored(dtype, accumulate, k, with_w):
+    """Under ``kernel_cache="auto"`` the second product stores K as the native pass forms it and later products
+    read it once (``stored_pass``) with the native pass's sums: with M a multiple of every vector width
+    (no tail), the result is bitwise the native pass's, and the stored entries are the oracle's to the
+    exponent's rounding."""
+    g = torch.Generator().manual_seed(6)
+    n, m = 1001, 64
+    X = torch.randn(n, 5, generator=g, dtype=dtype)
+    Z = torch.randn(m, 5, generator=g, dtype=dtype)
+    v = torch.randn(m, k, generator=g, dtype=dtype)
+    w = torch.randn(n, k, generator=g, dtype=dtype) if with_w else None
+    kernel = _rbf(1.3, dtype)
+    op = kgp.kernel_operator(kernel, X, Z)
     with settings.kernel_cache("auto"):
-        for d, accumulate, stores in ((narrow, torch.float64, False), (wide, torch.float64, True), (3, None, True)):
-            X = torch.randn(500, d, generator=g)
-            op = kgp.kernel_operator(_rbf(1.0, torch.float32), X, X[:40] + 0.01)
-            first = op.fused_matmul(v, accumulate=accumulate)
-            for _ in range(2):
-                again = op.fused_matmul(v, accumulate=accumulate)
-            assert (op._cache.get("stored") is not None) == stores, (d, accumulate)
-            if not stores:
-                assert torch.equal(first, again)  # the same native pass every time
+        first = op.fused_matmul(v, w, accumulate=accumulate)
+        assert op._cache.get("stored") is None
+        second = op.fused_matmul(v, w, accumulate=accumulate)
+        stored = op._cache.get("stored")
+        assert stored is not None and stored.shape == (n, m) and stored.dtype == dtype
+        assert fused_cpu.use_stored(op, k, v, w)
+        third = op.fused_matmul(v, w, accumulate=accumulate)
+    assert torch.equal(first, second) and torch.equal(first, third)
+    # the entries within the augmented GEMM's rounding of the oracle (as in the first test of this module)
+    lengthscale = float(kernel.lengthscale)
+    entries = _oracle(X, Z, lengthscale, dtype)
+    eps = torch.finfo(dtype).eps
+    centred = (torch.cat([X, Z]).double() - Z.double().mean(0)) / lengthscale
+    norms = centred[:n].square().sum(1, keepdim=True) + centred[n:].square().sum(1)
+    tolerance = entries * (7 * eps * norms + 8 * eps)
+    assert bool(((stored.double() - entries).abs() <= tolerance).all())
+
+
+@pytest.mark.parametrize("dtype, accumulate", DTYPE_SUMS)
+@pytest.mark.parametrize("m", [37, 200])
+def test_the_stored_pass_is_as_close_to_the_oracle_as_the_blocked_pass(dtype, accumulate, m):
+    """Any M (a vector tail) and K^T w alone (FALKON's right-hand side, ``transpose_matmul``): the stored
+    pass against a float64 oracle on the stored entries, no further from it than torch's blocked products
+    over the same stored K."""
+    g = torch.Generator().manual_seed(7)
+    n, k = 777, 2
+    X = torch.randn(n, 4, generator=g, dtype=dtype)
+    Z = torch.randn(m, 4, generator=g, dtype=dtype)
+    v = torch.randn(m, k, generator=g, dtype=dtype)
+    w = torch.randn(n, k, generator=g, dtype=dtype)
+    op = kgp.kernel_operator(_rbf(0.9, dtype), X, Z)
+    with settings.kernel_cache("auto"):
+        op.fused_matmul(v, w, accumulate=accumulate)
+        op.fused_matmul(v, w, accumulate=accumulate)
+        K = op._cache["stored"].double()
+        assert fused_cpu.use_stored(op, k, v, w)
+        native = op.fused_matmul(v, w, accumulate=accumulate)
+        rhs = op.transpose_matmul(w, accumulate=accumulate)
+        with settings.fused_kernels("never"):
+            assert not fused_cpu.use_stored(op, k, v, w)
+            blocked = op.fused_matmul(v, w, accumulate=accumulate)
+            blocked_rhs = op.transpose_matmul(w, accumulate=accumulate)
+    expected = K.T @ (K @ v.double() + w.double())
+    expected_rhs = K.T @ w.double()
+    for got, ref, exp in ((native, blocked, expected), (rhs, blocked_rhs, expected_rhs)):
+        assert got.dtype == (accumulate or dtype)
+        scale = float(exp.abs().max())
+        err = float((got.double() - exp).abs().max()) / scale
+        err_blocked = float((ref.double() - exp).abs().max()) / scale
+        assert err <= max(2 * err_blocked, 16 * torch.finfo(dtype).eps), (err, err_blocked)
+
+
+def test_the_stored_pass_steps_aside_where_it_does_not_apply():
+    """More than MAX_COLUMNS columns, or autograd through v: the blocked products read the stored K, with the
+    same result to the dtype's rounding."""
+    g = torch.Generator().manual_seed(8)
+    X = torch.randn(500, 3, generator=g, dtype=torch.float64)
+    Z = torch.randn(48, 3, generator=g, dtype=torch.float64)
+    op = kgp.kernel_operator(_rbf(1.0, torch.float64), X, Z)
+    wide = torch.randn(48, fused_cpu.MAX_COLUMNS + 1, generator=g, dtype=torch.float64)
+    with settings.kernel_cache("auto"):
+        op.fused_matmul(wide[:, :1])
+        op.fused_matmul(wide[:, :1])
+        assert op._cache.get("stored") is not None
+        assert not fused_cpu.use_stored(op, wide.shape[1], wide)
+        tracked = wide[:, :1].clone().requires_grad_(True)
+        assert not fused_cpu.use_stored(op, 1, tracked)
+        out_wide = op.fused_matmul(wide)
+        out_tracked = op.fused_matmul(tracked)
+        out_tracked.sum().backward()
+        singles = torch.cat([op.fused_matmul(wide[:, i : i + 1]) for i in range(wide.shape[1])], dim=1)
+    torch.testing.assert_close(out_wide, singles, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(out_tracked.detach(), singles[:, :1], rtol=1e-12, atol=1e-12)
+    K = op._cache["stored"]
+    torch.testing.assert_close(tracked.grad, (K.T @ K).sum(0, keepdim=True).T, rtol=1e-12, atol=1e-12)
+
+
+def test_k_too_large_for_the_budget_is_never_stored():
+    """A K over ``kgp.settings.memory_budget`` is formed by the native pass at every product, never stored."""
+    g = torch.Generator().manual_seed(9)
+    X = torch.randn(4000, 3, generator=g)
+    Z = torch.randn(100, 3, generator=g)
+    v = torch.randn(100, 1, generator=g)
+    op = kgp.kernel_operator(_rbf(1.0, torch.float32), X, Z)
+    # room for the augmented rows (n (d + 2) floats, twice) but not for K (n M floats)
+    with settings.kernel_cache("auto"), settings.memory_budget(4000 * 100 * 4 // 2):
+        results = [op.fused_matmul(v, accumulate=torch.float64) for _ in range(3)]
+        assert "stored" not in op._cache and "storing" not in op._cache
+    assert torch.equal(results[0], results[1]) and torch.equal(results[0], results[2])
 
 
 @pytest.mark.parametrize("family", ["rbf", "matern32"])

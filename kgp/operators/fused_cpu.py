@@ -23,11 +23,11 @@ semantics:
   ``matern32`` or ``matern52`` (Matern 1/2 needs the blocked pass's recomputation of near-zero distances);
 - at most :data:`MAX_COLUMNS` right-hand-side columns;
 - ``x1`` and ``x2`` differ (on ``K(X, X)`` the blocked path sets the diagonal to exactly 1), no autograd;
-- no stored ``K``: under ``kernel_cache="auto"`` a ``K`` that fits the memory budget is stored at the
-  operator's second product and read from then on, as with the GPU's FMA loop, so the native pass serves
-  the first product and the problems whose ``K`` does not fit. Except for float32 operators summed in
-  float64 (FALKON's float32 default) with ``d <= NATIVE_OVER_STORED_MAX_DIM``: there the native pass was
-  faster than reading a stored ``K``, so ``K`` is never stored.
+- no stored ``K`` yet. Under ``kernel_cache="auto"`` the operator's second product stores ``K`` as the
+  native pass forms it (when ``K`` fits the memory budget), and from then on :func:`stored_pass` reads it:
+  one pass over memory for ``K^T (K v + w)``, where torch's two products read it twice (on airline,
+  n = 219,082, M = 2,000 float32 with float64 sums: about 0.05 s against 0.133 s for forming ``K`` natively
+  and 0.19 s for torch's two products; docs/backend.md, "Reading a stored K once").
 
 The exponential is ``2^f 2^-m`` with ``m = round(-x)`` and a Taylor polynomial for ``2^f`` (degree 7 in
 float32, 14 in float64: below the dtype's rounding on ``|f| <= 1/2``); the GEMM's result is clamped as the
@@ -48,7 +48,15 @@ from .. import settings
 from ..kernels.recipes import _LOG2E, EXP_FLOOR
 from ..native_build import build_library, run_parallel
 
-__all__ = ["native_applies", "native_error", "native_pass", "native_rows_product", "use_native"]
+__all__ = [
+    "native_applies",
+    "native_error",
+    "native_pass",
+    "native_rows_product",
+    "stored_pass",
+    "use_native",
+    "use_stored",
+]
 
 SOURCE = Path(__file__).with_name("fused_cpu.c")
 TILE = 8
@@ -86,7 +94,11 @@ def _load() -> ctypes.CDLL:
     ):
         fn = getattr(lib, name)
         fn.restype = None
-        fn.argtypes = [pointer] * 7 + [size] * 6 + [scalar] * 2
+        fn.argtypes = [pointer] * 8 + [size] * 6 + [scalar] * 2 + [size]
+    for name in ("kgp_stored_pass_f32", "kgp_stored_pass_f32_f64", "kgp_stored_pass_f64"):
+        fn = getattr(lib, name)
+        fn.restype = None
+        fn.argtypes = [pointer, size, pointer, pointer, pointer, size, size, size, size]
     if lib.kgp_max_columns() != MAX_COLUMNS or 2 * lib.kgp_vector_bytes() > _PAD * 4:
         raise RuntimeError("fused_cpu.c and fused_cpu.py disagree on the column cap or the padding")
     return lib
@@ -124,25 +136,66 @@ def native_applies(op, k: int, *rhs: Tensor) -> bool:
     return not op._same_inputs() and op._cache.get("stored") is None
 
 
-NATIVE_OVER_STORED_MAX_DIM = 12
-"""Widest input (``d``) for which a float32 pass with float64 sums runs natively even where ``K`` could be
-stored. One pass at n = 32,000, M = 5,000 (two threads, 2026-11-28), native / stored K: 0.74 at d = 3,
-0.77 at 8, 1.02 at 16, 1.16 at 26, 1.29 at 32: reading ``K`` costs the same at any ``d``, forming it grows
-with ``d``. In float64 and with float32 sums the stored pass was faster at every ``d`` measured (0.67-0.75x
-the native time at d = 8)."""
-
-
-def use_native(op, k: int, *rhs: Tensor, accumulate: torch.dtype | None = None) -> bool:
-    """:func:`native_applies`; then, for a float32 operator summed in float64 with ``d`` at most
-    :data:`NATIVE_OVER_STORED_MAX_DIM`, always (``K`` is never stored: the native pass is faster than reading
-    it, and the ``n x M`` memory is saved); otherwise one use of the operator towards storing ``K`` (as a
-    blocked product), and only while it is not stored."""
+def use_native(op, k: int, *rhs: Tensor) -> bool:
+    """:func:`native_applies`, counted as one use of the operator towards storing ``K``: where ``K`` is due
+    to be stored at this use (``kernel_cache="auto"``, :meth:`~kgp.operators.workspace.BlockWorkspace._store_due`),
+    the native pass that follows writes it as it forms it, and :func:`use_stored` takes over from then on."""
     if not native_applies(op, k, *rhs):
         return False
-    x1 = op.x1
-    if accumulate == torch.float64 and x1.dtype == torch.float32 and x1.shape[1] <= NATIVE_OVER_STORED_MAX_DIM:
-        return True
-    return op._stored() is None
+    if op._store_due():
+        n, m = op.shape_nm
+        op._cache["storing"] = torch.empty(n, m, dtype=op.x1.dtype, device=op.x1.device)
+    return True
+
+
+def use_stored(op, k: int, *rhs: Tensor) -> bool:
+    """Whether a product with ``k`` columns reads ``op``'s stored ``K`` with :func:`stored_pass`: a stored
+    float32 or float64 ``K`` on the CPU, at most :data:`MAX_COLUMNS` columns, no autograd, and the native
+    library built (``kgp.settings.fused_kernels`` not ``"never"``)."""
+    if settings.fused_kernels.value() == "never" or not 1 <= k <= MAX_COLUMNS:
+        return False
+    op._check_cache()
+    stored = op._cache.get("stored")
+    if stored is None or stored.device.type != "cpu" or stored.dtype not in _DTYPES or not stored.is_contiguous():
+        return False
+    if op._needs_grad() or (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in rhs)):
+        return False
+    return _library() is not None
+
+
+def stored_pass(op, vs: Tensor, w: Tensor | None, accumulate: torch.dtype) -> Tensor:
+    """This process's ``K^T (K vs + w)`` (``m x k``, unscaled ``K``) in dtype ``accumulate``, reading the
+    stored ``K`` once (the C source's stored pass; the same sums as :func:`native_pass`: inner products and
+    each :data:`TILE` rows' part of the transposed product in the operator's dtype, the rest in
+    ``accumulate``). ``vs`` (``m x k``) and ``w`` (``n x k`` or None) are cast to the operator's dtype."""
+    stored = op._cache["stored"]
+    dtype = stored.dtype
+    n, m = stored.shape
+    k = vs.shape[1]
+    fn = {
+        (torch.float32, torch.float32): _library().kgp_stored_pass_f32,
+        (torch.float32, torch.float64): _library().kgp_stored_pass_f32_f64,
+        (torch.float64, torch.float64): _library().kgp_stored_pass_f64,
+    }[(dtype, accumulate)]
+    vt = vs.to(dtype).T.contiguous()
+    wc = None if w is None else w.to(dtype).contiguous()
+    tiles = -(-n // TILE)
+    threads = max(1, min(torch.get_num_threads(), tiles))
+    per = -(-tiles // threads) * TILE
+    shares = [(s, min(s + per, n)) for s in range(0, n, per)]
+    outs = [torch.zeros(k, m, dtype=accumulate) for _ in shares]
+    w_ptr = None if wc is None else wc.data_ptr()
+
+    def run(i: int) -> None:
+        start, stop = shares[i]
+        fn(stored.data_ptr(), m, vt.data_ptr(), w_ptr, outs[i].data_ptr(), start, stop, m, k)
+
+    if n:
+        run_parallel(run, range(len(shares)))
+    out = outs[0] if outs else torch.zeros(k, m, dtype=accumulate)
+    for extra in outs[1:]:
+        out += extra
+    return out.T.contiguous()
 
 
 def native_pass(op, vs: Tensor, w: Tensor | None, accumulate: torch.dtype) -> Tensor:
@@ -209,14 +262,19 @@ def _run(op, vs: Tensor, w: Tensor | None, accumulate: torch.dtype, kv: Tensor |
     bufs = [torch.empty(TILE, padded, dtype=dtype) for _ in shares]
     w_ptr = None if wc is None else wc.data_ptr()
     kv_ptr = None if kv is None else kv.data_ptr()
+    # K due to be stored at this use (use_native): written as it is formed, kept once the pass is through
+    store = op._cache.pop("storing", None)
+    store_ptr = None if store is None else store.data_ptr()
 
     def run(i: int) -> None:
         start, stop = shares[i]
         out_ptr = outs[i].data_ptr() if outs else None
         fn(
             rows.data_ptr(), cols_t.data_ptr(), vt.data_ptr(), w_ptr, out_ptr, bufs[i].data_ptr(), kv_ptr,
-            start, stop, dim, padded, k, _FAMILIES[family], lo, hi,
+            store_ptr, start, stop, dim, padded, k, _FAMILIES[family], lo, hi, m,
         )  # fmt: skip
 
     run_parallel(run, range(len(shares)))
+    if store is not None:
+        op._cache["stored"] = store
     return outs

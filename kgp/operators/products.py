@@ -12,7 +12,7 @@ from torch import Tensor
 
 from .autograd import _FusedMatmul
 from .blocks import row_slices
-from .fused_cpu import native_pass, native_rows_product, use_native
+from .fused_cpu import native_pass, native_rows_product, stored_pass, use_native, use_stored
 from .fused_gpu import cols_product, rows_product, use_fused
 
 __all__ = ["StreamingProducts"]
@@ -221,11 +221,12 @@ class StreamingProducts:
             if use_fused(base, k):
                 u = w2 if vs is None else rows_product(base, vs, w2)
                 out = base._reduce(cols_product(base, u, accumulate).unsqueeze(1))
-            elif use_native(base, k, vs, w2, accumulate=accumulate):
+            elif use_stored(base, k, vs, w2) or use_native(base, k, vs, w2):
                 # K^T w alone (FALKON's right-hand side K^T y) as K^T (K 0 + w): the native pass forms each
                 # tile once either way, 0.13 against 0.42 s for the blocks on airline (n = 219,082, M = 2,000)
                 zero = vs if vs is not None else torch.zeros(m, k, dtype=dtype, device=self.x1.device)
-                out = base._reduce(native_pass(base, zero, w2, accumulate))
+                native = stored_pass if "stored" in base._cache else native_pass
+                out = base._reduce(native(base, zero, w2, accumulate))
             if out is not None:
                 if scale is not None:
                     out.mul_(scale.to(accumulate))
@@ -292,6 +293,8 @@ class StreamingProducts:
             out = None
             if use_fused(self, k):
                 out = self._reduce(cols_product(self, rows_product(self, vs, w), v.dtype).unsqueeze(1))
+            elif use_stored(self, k, vs, w):
+                out = self._reduce(stored_pass(self, vs, w, v.dtype))
             elif use_native(self, k, vs, w):
                 out = self._reduce(native_pass(self, vs, w, v.dtype))
             if out is not None:

@@ -129,26 +129,31 @@ class BlockWorkspace:
             self._cache[name] = buf
         return buf[:rows]
 
-    def _stored(self) -> Tensor | None:
-        """The whole unscaled K(x1, x2) when ``kernel_cache="auto"`` allows it, else ``None``.
-
-        Stored from the operator's second product on (a single product, e.g. a prediction, never
-        pays for the n x M write), and only if the matrix plus one block of scratch fits
-        ``kgp.settings.memory_budget``. Products read it directly; :meth:`blocks` copies from it.
-        """
-        if "stored" in self._cache:
-            return self._cache["stored"]
+    def _store_due(self) -> bool:
+        """Count one use of the operator towards storing ``K``; True when ``K`` is to be stored from this use
+        on: under ``kernel_cache="auto"``, from the second use, and only if the matrix plus one block of
+        scratch fits ``kgp.settings.memory_budget`` (a single product, e.g. a prediction, never pays for the
+        ``n x M`` write)."""
         if settings.kernel_cache.value() != "auto" or self.recipe.family == "generic":
-            return None
+            return False
         uses = self._cache.get("uses", 0) + 1
         self._cache["uses"] = uses
         if uses < 2:
+            return False
+        n, m = self.shape_nm
+        spare_rows = self.block_rows() if self.recipe.buffers_needed > 1 else 0
+        return (n + spare_rows) * m * self.x1.element_size() <= settings.memory_budget.value(self.x1.device)
+
+    def _stored(self) -> Tensor | None:
+        """The whole unscaled K(x1, x2) when ``kernel_cache="auto"`` allows it (:meth:`_store_due`), else
+        ``None``. Products read it directly; :meth:`blocks` copies from it. The native CPU pass stores it
+        as it forms it instead (:func:`kgp.operators.fused_cpu.use_native`)."""
+        if "stored" in self._cache:
+            return self._cache["stored"]
+        if not self._store_due():
             return None
         n, m = self.shape_nm
-        itemsize = self.x1.element_size()
         spare_rows = self.block_rows() if self.recipe.buffers_needed > 1 else 0
-        if (n + spare_rows) * m * itemsize > settings.memory_budget.value(self.x1.device):
-            return None
         stored = torch.empty(n, m, dtype=self.x1.dtype, device=self.x1.device)
         spare = torch.empty(spare_rows, m, dtype=stored.dtype, device=stored.device) if spare_rows else None
         with torch.no_grad():
