@@ -33,7 +33,7 @@ gram_of_lower (L^T L)      ``M^3 / 3``                            ``bytes = M^2 
 solve_lower_in_place       ``M^2`` (one right-hand side)          ``bytes = M^2 w / 2`` (L's lower triangle)
 preconditioner setup       ``2 M^2 d + M^3``                      ``K_MM bound + M^3 / G``
 kernel pass (streamed)     ``n M (2 d + 4)``                      ``2 n M d / G + n M / E + 2 n M w / B``
-kernel pass (stored K)     ``4 n M``                              ``n M w / B + n M w / C``
+kernel pass (stored K)     ``4 n M``                              ``n M w / B``
 Nystrom Gram K^T K         ``n M^2`` (half of ``2 n M^2``)        ``(n M^2 + 2 n M d) / G + n M / E``
 =========================  =====================================  ==============================================
 
@@ -51,8 +51,10 @@ Notes on the bounds:
   ``2 n M w`` bytes at the DRAM rate ``B`` (with the former 8 MB blocks they were charged at the cache rate
   ``C``; runs before that date used that bound). The ``exp`` rate stays the cache-resident one.
   Stored (``kernel_cache("auto")``, after two warm-up products so that K is kept, only when
-  ``(n + block rows) M w`` fits ``kgp.settings.memory_budget``): K is read from DRAM once per block and
-  once more from cache, ``n M w / B + n M w / C``.
+  ``(n + block rows) M w`` fits ``kgp.settings.memory_budget``): since 2026-11-28 (18:00 UTC) the native
+  stored pass reads each tile of K from DRAM once and again from the cache while the next tile is
+  prefetched, so the bound is one read, ``n M w / B``; runs before that date used ``n M w / B + n M w / C``
+  (torch's two products, one block of K read from DRAM and again from the cache).
   For float32 a third row times the stored pass with ``accumulate=torch.float64`` (FALKON's default
   sums for float32 inputs), against the same bound.
 * Nystrom Gram: ``op.gram()`` (the SGPR/DTC variance's ``K_Mn K_nM``) multiplies only the upper
@@ -494,7 +496,7 @@ def operations(
 
     stored_op = kgp.kernel_operator(kernel, X, Z)
     if want(STORED, STORED_WIDE) and (n + stored_op.block_rows()) * m * w <= settings.memory_budget.value():
-        stored_memory = nm * w / B_rate + nm * w / C_rate
+        stored_memory = nm * w / B_rate  # one read: the native stored pass (module docstring)
 
         def stored_pass(accumulate=None):
             with settings.kernel_cache("auto"):
