@@ -31,6 +31,7 @@ from kgp.options import Option
 from kgp.plugin import KernelExpansion, Problem
 
 from .budget import ITEMSIZE, block_rows, kernel_diagonal
+from .features import whitened_features
 from .iterates import EpochLog, TailAverage, checked_targets
 from .nystrom import (
     KernelOpFactory,
@@ -147,8 +148,16 @@ class EigenPro3Solver:
                 else EigenPro2Projection(kop, Z, s2, q2, opts["projection_epochs"], gen)
             )
             whitened = projection == "cholesky" and opts["correction"] == "projected"
+            # Phi = K(X, Z) L^{-T} kept when it fits the budget: a step is then two products with its rows
+            # (features.py); replicated over ranks it would not be, so a distributed fit forms blocks per step
+            features = None
+            if whitened and not rows.distributed:
+                with settings.kernel_cache(opts["kernel_cache"]):
+                    features = whitened_features(kop, X, Z, proj.L)
             if isinstance(proj, CholeskyProjection):
-                beta, lam_data, U = self._curvature(kop, H, n, Z, exact, pre, ZE, proj, opts["correction"])
+                # the held-out rows of Phi are the curvature's L^{-1} K(Z, H) (H: rows idx_h of X)
+                held_out = None if features is None else features[idx_h].mT
+                beta, lam_data, U = self._curvature(kop, H, n, Z, exact, pre, ZE, proj, opts["correction"], held_out)
             else:
                 U = None
                 beta = float(kernel_diagonal(kop, pre.points).max())
@@ -165,6 +174,7 @@ class EigenPro3Solver:
             # a floor on the default batch: each batch pays two M x M triangular solves (batch_floor)
             floor = batch_floor(p) if isinstance(proj, CholeskyProjection) else 1
             batch, step = critical_batch_and_step(beta, lam_top, n, opts["batch_size"], floor)
+
             setup_time = time.perf_counter() - setup_start
 
             alpha = torch.zeros(p, y.shape[1], dtype=X.dtype, device=X.device)
@@ -172,7 +182,12 @@ class EigenPro3Solver:
             # step is then L^{-T} (I - U d U^T) L^{-1} h, two triangular solves per batch (docs)
             b_white = torch.zeros_like(alpha) if whitened else None
             y_scale = rows.mean_square() or 1.0
-            average = TailAverage(alpha)
+            # with the features the iterate is b alone (alpha = L^{-T} b where a model is wanted)
+            average = TailAverage(b_white if features is not None else alpha)
+
+            def coefficients(iterate: Tensor) -> Tensor:
+                return proj.factor.solve(iterate, transpose=True) if features is not None else iterate
+
             log = EpochLog(self.name, y_scale)
             converged = stop = False
             first_avg = opts["epochs"] - average_epochs + 1
@@ -184,6 +199,23 @@ class EigenPro3Solver:
                     b = perm[start : start + batch]
                     mb = b.shape[0]  # the global batch: its rows may sit on several ranks
                     t0 = time.perf_counter()
+                    eta = opts["lr_scale"] * step(mb) / n
+                    if features is not None:
+                        rows_b = features[b]
+                        g = torch.addmm(y[b], rows_b, b_white, beta=-1.0)  # K(X_m, Z) alpha - y_m
+                        sq_sum += float(g.pow(2).sum())
+                        w = (rows_b.T @ g).mul_(n / mb)  # L^{-1} K(Z, X_m) g (n / m)
+                        if sigma2:
+                            w.add_(b_white, alpha=sigma2)
+                        t1 = time.perf_counter()
+                        if pre.q > 0:
+                            w.sub_(U @ (pre.d.unsqueeze(-1) * (U.T @ w)))
+                        b_white.sub_(w, alpha=eta)
+                        times["gradient"] += t1 - t0
+                        times["correction"] += time.perf_counter() - t1
+                        if epoch >= first_avg:
+                            average()
+                        continue
                     Xb, yb = rows.batch(b)
                     g, grad = _batch_residual_gradient(kop, Xb, Z, alpha, yb)
                     sq_sum += float(g.pow(2).sum())
@@ -197,7 +229,6 @@ class EigenPro3Solver:
                     t1 = time.perf_counter()
                     times["gradient"] += (t_grad - t0) + (t1 - t_corr)  # the batch sum's all-reduce included
                     times["correction"] += t_corr - t_grad
-                    eta = opts["lr_scale"] * step(mb) / n
                     if whitened:
                         w = proj.factor.solve(grad).mul_(n / mb)
                         if sigma2:
@@ -217,14 +248,14 @@ class EigenPro3Solver:
                         alpha.sub_(theta, alpha=eta)
                     if epoch >= first_avg:
                         average()
-                if whitened:
+                if whitened and features is None:
                     # re-synchronise b = L^T alpha (rounding drift between the two updates)
                     torch.matmul(proj.L.mT, alpha, out=b_white)
                 train_mse = rows.sum_float(sq_sum) / (n * y.shape[1])
-                log.record(epoch, train_mse, alpha)
+                log.record(epoch, train_mse, alpha if features is None else b_white)
                 stop = monitor.step(
                     epoch,
-                    lambda: KernelExpansion(problem.kernel, Z, average.current().clone()),
+                    lambda: KernelExpansion(problem.kernel, Z, coefficients(average.current()).clone()),
                     train_mse=train_mse,
                     batch_size=batch,
                     critical_batch=critical_batch(beta, lam_top, n),
@@ -245,7 +276,7 @@ class EigenPro3Solver:
                     break
             # a caller's stop (monitor) is the caller's choice: no warning then
             log.finish(converged or bool(stop))
-        return KernelExpansion(problem.kernel, Z, average.current())
+        return KernelExpansion(problem.kernel, Z, coefficients(average.current()))
 
     # ------------------------------------------------------------------ pieces
     @staticmethod
@@ -283,19 +314,20 @@ class EigenPro3Solver:
         return theta
 
     @staticmethod
-    def _curvature(kop, H, n, Z, exact, pre, ZE, proj, correction):
+    def _curvature(kop, H, n, Z, exact, pre, ZE, proj, correction, held_out=None):
         r"""Per-sample curvature and top eigenvalue (sum units) of the data term of the iteration map, on H.
 
         With ``K_ZZ = L L^T``, ``W = L^{-1} K(Z, H)`` and ``U = L^{-1} ZE`` the map ``alpha -> theta``
         restricted to the data term acts on span K(., H) as ``W^T (I - U D U^T) W`` (``"projected"``,
         symmetric) or ``W^T W - W^T U D E^T K(X_s, H)`` (``"paper"``); :func:`heldout_curvature` turns
         its restriction to H into ``beta`` and ``lambda_top``. ``H``: the held-out rows; ``n``: the
-        number of points they stand for. Returns ``(beta, lambda_top, U)``.
+        number of points they stand for; ``held_out``: ``W`` already formed (the rows of H of the whitened
+        features, :mod:`.features`), else None. Returns ``(beta, lambda_top, U)``.
         """
         L = proj.L
         # in float64 (kgp.linalg.solve_lower_wide): a float32 solve's chains of small values went subnormal
-        # (UCI pumadyn32nm: 26 s a solve against 0.38 s)
-        W = solve_lower_wide(L, kop(Z, H).to_dense())
+        # (UCI pumadyn32nm: 26 s a solve against 0.38 s); the features were solved under flush-to-zero
+        W = solve_lower_wide(L, kop(Z, H).to_dense()) if held_out is None else held_out.to(L.dtype)
         U = solve_lower_wide(L, ZE) if pre.q > 0 else None
         M = W.T @ W
         if pre.q > 0:

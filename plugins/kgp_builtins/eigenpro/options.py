@@ -108,6 +108,13 @@ EIGENPRO3_DEFAULTS: dict[str, Option] = {
     "projection_q": Option.integer(
         None, minimum=0, allow_none=True, help="level of the model preconditioner (< its subsample); None: s // 10"
     ),
+    # Phi = K(X, Z) L^{-T} (n x p) in memory: a step is two products with its rows instead of a kernel block
+    # and two triangular solves (features.py; letter p = 4,000: docs/solvers/eigenpro.md)
+    "kernel_cache": Option.choice(
+        "auto",
+        ("auto", "never"),
+        help="keep the whitened features K(X, Z) L^-T when they fit the budget (Cholesky projection, 'projected')",
+    ),
 }
 
 #: Options of ``eigenpro2`` (EigenPro 2.0): the common ones, no projection.
