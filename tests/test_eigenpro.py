@@ -778,11 +778,32 @@ def test_whitened_features_are_k_times_the_inverse_factor(dtype):
         assert whitened_features(kop, X, Z, L) is None
 
 
-def test_fit_on_whitened_features_is_the_fit_on_kernel_blocks():
+def test_features_pay_where_their_solve_costs_less_than_the_steps_solves():
+    """``2 E max(k, SOLVE_BALANCE) >= m``: Phi's ``n p^2`` against ``E n / m`` steps of two solves."""
+    from kgp_builtins.eigenpro.features import SOLVE_BALANCE, features_pay
+
+    assert features_pay(10, 2 * 10 * SOLVE_BALANCE, 1) and not features_pay(10, 2 * 10 * SOLVE_BALANCE + 1, 1)
+    assert features_pay(10, 459, 26) and not features_pay(10, 589, 1) and features_pay(10, 313, 1)
+    assert features_pay(10, 2 * 10 * 40, 40) and not features_pay(10, 2 * 10 * 40 + 1, 40)
+
+
+def test_fit_on_whitened_features_is_the_fit_on_kernel_blocks(monkeypatch):
     """The same steps either way (``K(X_m, Z) alpha = Phi_m b``, ``L^{-1} K(Z, X_m) g = Phi_m^T g``), with
     ridge and without, averaged: in float64 the predictions at the training points agree to the rounding of
     8 epochs of steps (measured 1e-12; without ridge the coefficients themselves are ill-determined); in
     float32 the two fits are far closer to each other than to the float64 fit."""
+    import kgp_builtins.eigenpro.ep3 as ep3
+
+    kept_rows = []
+
+    def recording(kop, X, Z, L):
+        phi = whitened_features(kop, X, Z, L)
+        kept_rows.append(None if phi is None else phi.shape[0])
+        return phi
+
+    from kgp_builtins.eigenpro.features import whitened_features
+
+    monkeypatch.setattr(ep3, "whitened_features", recording)
     X, Z, y = _problem(n=800, p=40)
     k = _kernel("rbf", 0.8)
     Kxz = _dense(k, X, Z)
@@ -791,7 +812,10 @@ def test_fit_on_whitened_features_is_the_fit_on_kernel_blocks():
         for dtype in (torch.float64, torch.float32):
             Xd, Zd, yd, kd = X.to(dtype), Z.to(dtype), y.to(dtype), _kernel("rbf", 0.8).to(dtype)
             for cache in ("auto", "never"):
+                kept_rows.clear()
                 model = _fit(Xd, yd, Zd, kd, noise=0.05, epochs=8, average_epochs=4, kernel_cache=cache, **options)
+                # "auto": the held-out rows, then all 800 rows (the batch is small enough for Phi to pay)
+                assert (800 in kept_rows) == (cache == "auto"), (cache, kept_rows)
                 fits[dtype, cache] = Kxz @ model.predictor_.alpha.double()
         reference = fits[torch.float64, "never"]
         assert _rel(fits[torch.float64, "auto"], reference) < 1e-9, options

@@ -31,7 +31,7 @@ from kgp.options import Option
 from kgp.plugin import KernelExpansion, Problem
 
 from .budget import ITEMSIZE, block_rows, kernel_diagonal
-from .features import whitened_features
+from .features import features_fit, features_pay, whitened_features
 from .iterates import EpochLog, TailAverage, checked_targets
 from .nystrom import (
     KernelOpFactory,
@@ -148,16 +148,15 @@ class EigenPro3Solver:
                 else EigenPro2Projection(kop, Z, s2, q2, opts["projection_epochs"], gen)
             )
             whitened = projection == "cholesky" and opts["correction"] == "projected"
-            # Phi = K(X, Z) L^{-T} kept when it fits the budget: a step is then two products with its rows
-            # (features.py); replicated over ranks it would not be, so a distributed fit forms blocks per step
-            features = None
-            if whitened and not rows.distributed:
-                with settings.kernel_cache(opts["kernel_cache"]):
-                    features = whitened_features(kop, X, Z, proj.L)
+            # Phi = K(X, Z) L^{-T} is kept when it fits the budget and pays for itself (features.py), decided
+            # once the batch is known; its rows of H are then the curvature's L^{-1} K(Z, H). A distributed
+            # fit (where Phi would be replicated) forms blocks per step.
+            with settings.kernel_cache(opts["kernel_cache"]):
+                may_keep = whitened and not rows.distributed and features_fit(X, p)
+                held_out = whitened_features(kop, H, Z, proj.L) if may_keep else None
             if isinstance(proj, CholeskyProjection):
-                # the held-out rows of Phi are the curvature's L^{-1} K(Z, H) (H: rows idx_h of X)
-                held_out = None if features is None else features[idx_h].mT
-                beta, lam_data, U = self._curvature(kop, H, n, Z, exact, pre, ZE, proj, opts["correction"], held_out)
+                W = None if held_out is None else held_out.mT
+                beta, lam_data, U = self._curvature(kop, H, n, Z, exact, pre, ZE, proj, opts["correction"], W)
             else:
                 U = None
                 beta = float(kernel_diagonal(kop, pre.points).max())
@@ -174,6 +173,10 @@ class EigenPro3Solver:
             # a floor on the default batch: each batch pays two M x M triangular solves (batch_floor)
             floor = batch_floor(p) if isinstance(proj, CholeskyProjection) else 1
             batch, step = critical_batch_and_step(beta, lam_top, n, opts["batch_size"], floor)
+            features = None
+            if held_out is not None and features_pay(opts["epochs"], batch, y.shape[1]):
+                with settings.kernel_cache(opts["kernel_cache"]):
+                    features = whitened_features(kop, X, Z, proj.L)
 
             setup_time = time.perf_counter() - setup_start
 
