@@ -329,8 +329,8 @@ def test_the_stored_pass_is_as_close_to_the_oracle_as_the_blocked_pass(dtype, ac
 
 
 def test_the_stored_pass_steps_aside_where_it_does_not_apply():
-    """More than MAX_COLUMNS columns, or autograd through v: the blocked products read the stored K, with the
-    same result to the dtype's rounding."""
+    """More than MAX_COLUMNS columns: the blocked products read the stored K, with the same result to the
+    dtype's rounding; through autograd (whose forward runs without it) the same result and gradient."""
     g = torch.Generator().manual_seed(8)
     X = torch.randn(500, 3, generator=g, dtype=torch.float64)
     Z = torch.randn(48, 3, generator=g, dtype=torch.float64)
@@ -351,6 +351,22 @@ def test_the_stored_pass_steps_aside_where_it_does_not_apply():
     torch.testing.assert_close(out_tracked.detach(), singles[:, :1], rtol=1e-12, atol=1e-12)
     K = op._cache["stored"]
     torch.testing.assert_close(tracked.grad, (K.T @ K).sum(0, keepdim=True).T, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("accumulate", [None, torch.float64])
+def test_an_operator_without_rows_reads_its_empty_stored_k(accumulate):
+    """A rank holding no rows whose K the blocked pass stored (float64 distances: not the native pass's):
+    from the third product on the stored pass serves it, and its part of the sum is zero."""
+    Z = torch.randn(33, 3, generator=torch.Generator().manual_seed(10))
+    op = kgp.kernel_operator(_rbf(1.0, torch.float32), torch.empty(0, 3), Z, distance_dtype=torch.float64)
+    v = torch.ones(33, 2)
+    with settings.kernel_cache("auto"):
+        for _ in range(3):
+            out = op.fused_matmul(v, accumulate=accumulate)
+            rhs = op.transpose_matmul(torch.empty(0, 2), accumulate=accumulate)
+        assert op._cache.get("stored") is not None and fused_cpu.use_stored(op, 2, v)
+    for t in (out, rhs):
+        assert t.shape == (33, 2) and t.dtype == (accumulate or torch.float32) and not bool(t.any())
 
 
 def test_k_too_large_for_the_budget_is_never_stored():

@@ -172,6 +172,8 @@ def stored_pass(op, vs: Tensor, w: Tensor | None, accumulate: torch.dtype) -> Te
     dtype = stored.dtype
     n, m = stored.shape
     k = vs.shape[1]
+    if n == 0:  # a rank of a distributed fit holding no rows (K stored by the blocked pass): its part is 0
+        return torch.zeros(m, k, dtype=accumulate)
     fn = {
         (torch.float32, torch.float32): _library().kgp_stored_pass_f32,
         (torch.float32, torch.float64): _library().kgp_stored_pass_f32_f64,
@@ -190,9 +192,8 @@ def stored_pass(op, vs: Tensor, w: Tensor | None, accumulate: torch.dtype) -> Te
         start, stop = shares[i]
         fn(stored.data_ptr(), m, vt.data_ptr(), w_ptr, outs[i].data_ptr(), start, stop, m, k)
 
-    if n:
-        run_parallel(run, range(len(shares)))
-    out = outs[0] if outs else torch.zeros(k, m, dtype=accumulate)
+    run_parallel(run, range(len(shares)))
+    out = outs[0]
     for extra in outs[1:]:
         out += extra
     return out.T.contiguous()

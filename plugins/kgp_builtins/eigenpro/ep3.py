@@ -174,7 +174,9 @@ class EigenPro3Solver:
             floor = batch_floor(p) if isinstance(proj, CholeskyProjection) else 1
             batch, step = critical_batch_and_step(beta, lam_top, n, opts["batch_size"], floor)
             features = None
-            if held_out is not None and features_pay(opts["epochs"], batch, y.shape[1]):
+            kept = held_out is not None
+            del held_out  # h x p: not needed past the curvature
+            if kept and features_pay(opts["epochs"], batch, y.shape[1]):
                 with settings.kernel_cache(opts["kernel_cache"]):
                     features = whitened_features(kop, X, Z, proj.L)
 

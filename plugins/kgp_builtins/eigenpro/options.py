@@ -113,7 +113,7 @@ EIGENPRO3_DEFAULTS: dict[str, Option] = {
     "kernel_cache": Option.choice(
         "auto",
         ("auto", "never"),
-        help="keep the whitened features K(X, Z) L^-T when they fit the budget (Cholesky projection, 'projected')",
+        help="keep K(X, Z) L^-T when it fits the budget and 2 epochs max(k, 25) >= batch (Cholesky, 'projected')",
     ),
 }
 
