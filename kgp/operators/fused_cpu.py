@@ -163,6 +163,15 @@ def use_stored(op, k: int, *rhs: Tensor) -> bool:
     return _library() is not None
 
 
+def _row_shares(n: int) -> list[tuple[int, int]]:
+    """Contiguous ``(start, stop)`` row ranges of whole :data:`TILE`-row tiles, one per torch thread (at most
+    one per tile); ``n >= 1``. Fixed by ``n`` and the thread count, so a pass's sums are reproducible."""
+    tiles = -(-n // TILE)
+    threads = max(1, min(torch.get_num_threads(), tiles))
+    per = -(-tiles // threads) * TILE
+    return [(s, min(s + per, n)) for s in range(0, n, per)]
+
+
 def stored_pass(op, vs: Tensor, w: Tensor | None, accumulate: torch.dtype) -> Tensor:
     """This process's ``K^T (K vs + w)`` (``m x k``, unscaled ``K``) in dtype ``accumulate``, reading the
     stored ``K`` once (the C source's stored pass; the same sums as :func:`native_pass`: inner products and
@@ -181,10 +190,7 @@ def stored_pass(op, vs: Tensor, w: Tensor | None, accumulate: torch.dtype) -> Te
     }[(dtype, accumulate)]
     vt = vs.to(dtype).T.contiguous()
     wc = None if w is None else w.to(dtype).contiguous()
-    tiles = -(-n // TILE)
-    threads = max(1, min(torch.get_num_threads(), tiles))
-    per = -(-tiles // threads) * TILE
-    shares = [(s, min(s + per, n)) for s in range(0, n, per)]
+    shares = _row_shares(n)
     outs = [torch.zeros(k, m, dtype=accumulate) for _ in shares]
     w_ptr = None if wc is None else wc.data_ptr()
 
@@ -255,10 +261,7 @@ def _run(op, vs: Tensor, w: Tensor | None, accumulate: torch.dtype, kv: Tensor |
     floor = EXP_FLOOR[dtype]
     # the blocked pass's clamps (KernelRecipe.fill): the base-2 exponent for RBF, a^2 for Matern
     lo, hi = (floor * _LOG2E, 0.0) if family == "rbf" else (0.0, floor * floor)
-    tiles = -(-n // TILE)
-    threads = max(1, min(torch.get_num_threads(), tiles))
-    per = -(-tiles // threads) * TILE
-    shares = [(s, min(s + per, n)) for s in range(0, n, per)]
+    shares = _row_shares(n)
     outs = [torch.zeros(k, padded, dtype=accumulate) for _ in shares] if kv is None else []
     bufs = [torch.empty(TILE, padded, dtype=dtype) for _ in shares]
     w_ptr = None if wc is None else wc.data_ptr()
