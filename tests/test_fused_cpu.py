@@ -3,10 +3,12 @@ products against the blocked pass's, and when it runs. Skipped where no C compil
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 
 import gpytorch
+import numpy as np
 import pytest
 import torch
 
@@ -150,6 +152,70 @@ def test_float32_transpose_product_summed_in_float64_runs_natively(k, monkeypatc
     blocked = float((results["never"] - expected).abs().max()) / scale
     native = float((results["auto"] - expected).abs().max()) / scale
     assert native <= max(2 * blocked, 16 * torch.finfo(torch.float32).eps), (native, blocked)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("k", [1, 3])
+def test_transpose_product_in_the_operators_dtype_runs_natively(dtype, k, monkeypatch):
+    """``K^T u`` in the operator's own dtype (``op.T @ u``: FALKON's right-hand side for float64 inputs) runs as
+    the native ``K^T (K 0 + u)``, and from the third use reads the stored K: each as close to the float64
+    oracle as the blocked pass, or within a few roundings."""
+    g = torch.Generator().manual_seed(12)
+    X = torch.randn(1003, 6, generator=g, dtype=torch.float64).to(dtype)
+    Z = torch.randn(517, 6, generator=g, dtype=torch.float64).to(dtype)
+    kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel()).to(dtype)
+    kernel.base_kernel.lengthscale = torch.tensor(1.3, dtype=dtype)
+    kernel.outputscale = torch.tensor(2.5, dtype=dtype)
+    kernel.requires_grad_(False)
+    u = torch.randn(1003, k, generator=g, dtype=torch.float64).to(dtype)
+    K = 2.5 * _oracle(X, Z, float(kernel.base_kernel.lengthscale), dtype)
+    expected = K.T @ u.double()
+    calls = []
+    for name in ("native_pass", "stored_pass"):
+        original = getattr(fused_cpu, name)
+        fake = functools.partial(
+            lambda original, name, *a, **kw: calls.append(name) or original(*a, **kw), original, name
+        )
+        monkeypatch.setattr(kgp.operators.products, name, fake)
+    op = kgp.kernel_operator(kernel, X, Z)
+    with settings.fused_kernels("never"):
+        blocked = op.T @ u
+    with settings.kernel_cache("auto"):
+        results = [op.T @ u for _ in range(3)]
+    assert calls == ["native_pass", "native_pass", "stored_pass"]
+    scale = float(expected.abs().max())
+    err_blocked = float((blocked.double() - expected).abs().max()) / scale
+    for got in results:
+        assert got.dtype == dtype and got.shape == (517, k)
+        err = float((got.double() - expected).abs().max()) / scale
+        assert err <= max(2 * err_blocked, 16 * torch.finfo(dtype).eps), (err, err_blocked)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_pass_exponential_is_within_one_rounding(dtype):
+    """The pass's ``2^x`` on ``[EXP_FLOOR log2(e), 0]`` (random points, and table boundaries ``-j/16`` with
+    their neighbours) against an extended-precision oracle: the table entry and the final fused operation round
+    once each (``eps/2`` relative), the polynomial's remainder is below ``eps/16`` and its own rounding acts
+    on ``2^f - 1 <= 0.044``: within 1.25 ``eps``."""
+    if np.finfo(np.longdouble).eps > 1e-18:
+        pytest.skip("numpy's long double is not wider than float64 here: no extended-precision oracle")
+    g = torch.Generator().manual_seed(13)
+    lo = EXP_FLOOR[dtype] * math.log2(math.e)
+    boundaries = torch.arange(0, 1600, dtype=torch.float64) / -16
+    x = torch.cat(
+        [
+            torch.rand(1 << 18, generator=g, dtype=torch.float64) * lo,
+            torch.rand(1 << 14, generator=g, dtype=torch.float64) * -0.5,
+            boundaries,
+            boundaries - 2e-9,
+            boundaries + 2e-9,
+        ]
+    ).clamp(lo, 0)
+    x = x.to(dtype)
+    got = fused_cpu._exp2_values(x).numpy().astype(np.longdouble)
+    exact = np.exp2(x.numpy().astype(np.longdouble))
+    relative = float(np.max(np.abs(got - exact) / exact))
+    assert relative <= 1.25 * torch.finfo(dtype).eps, relative / torch.finfo(dtype).eps
 
 
 def test_native_pass_runs_only_where_it_applies():
@@ -369,18 +435,74 @@ def test_an_operator_without_rows_reads_its_empty_stored_k(accumulate):
         assert t.shape == (33, 2) and t.dtype == (accumulate or torch.float32) and not bool(t.any())
 
 
-def test_k_too_large_for_the_budget_is_never_stored():
-    """A K over ``kgp.settings.memory_budget`` is formed by the native pass at every product, never stored."""
+def test_k_too_large_for_the_budget_for_one_tile_is_never_stored():
+    """A budget with room for the augmented rows but not for one tile of K's rows next to a block of scratch:
+    the native pass forms K at every product, nothing is stored."""
     g = torch.Generator().manual_seed(9)
-    X = torch.randn(4000, 3, generator=g)
-    Z = torch.randn(100, 3, generator=g)
-    v = torch.randn(100, 1, generator=g)
+    X = torch.randn(200, 3, generator=g)
+    Z = torch.randn(300, 3, generator=g)
+    v = torch.randn(300, 1, generator=g)
     op = kgp.kernel_operator(_rbf(1.0, torch.float32), X, Z)
-    # room for the augmented rows (n (d + 2) floats, twice) but not for K (n M floats)
-    with settings.kernel_cache("auto"), settings.memory_budget(4000 * 100 * 4 // 2):
+    budget = 200 * 5 * 4 * 2  # the augmented rows (n (d + 2) floats), twice: 6 rows of K
+    assert op.recipe.buffers_needed == 1 and budget // (300 * 4) < fused_cpu.TILE
+    with settings.kernel_cache("auto"), settings.memory_budget(budget):
         results = [op.fused_matmul(v, accumulate=torch.float64) for _ in range(3)]
-        assert "stored" not in op._cache and "storing" not in op._cache
+        assert not {"stored", "stored_head", "storing"} & set(op._cache)
     assert torch.equal(results[0], results[1]) and torch.equal(results[0], results[2])
+
+
+@pytest.mark.parametrize("dtype, accumulate", DTYPE_SUMS)
+@pytest.mark.parametrize("k", [1, 3])
+def test_a_head_of_k_is_stored_where_the_whole_k_does_not_fit(dtype, accumulate, k):
+    """Under a budget below K (n M entries) the second product stores the leading whole tiles of rows that fit
+    next to a block of scratch, as the native pass forms them (bitwise the whole K's rows that a large budget
+    stores), and later products read them and form the rest: ``K^T (K v + w)``, ``K^T w`` and ``K v`` as close
+    to a float64 oracle as the native pass without a stored head."""
+    g = torch.Generator().manual_seed(11)
+    n, m = 3001, 96
+    X = torch.randn(n, 4, generator=g, dtype=dtype)
+    Z = torch.randn(m, 4, generator=g, dtype=dtype)
+    v = torch.randn(m, k, generator=g, dtype=dtype)
+    w = torch.randn(n, k, generator=g, dtype=dtype)
+    kernel = _rbf(1.1, dtype)
+    itemsize = torch.finfo(dtype).bits // 8
+    budget = n * m * itemsize // 2
+    op = kgp.kernel_operator(kernel, X, Z)
+    with settings.kernel_cache("auto"), settings.memory_budget(budget):
+        spare = op.block_rows() if op.recipe.buffers_needed > 1 else 0
+        first = op.fused_matmul(v, w, accumulate=accumulate)
+        assert not {"stored", "stored_head"} & set(op._cache)
+        second = op.fused_matmul(v, w, accumulate=accumulate)
+        head = op._cache.get("stored_head")
+        assert head is not None and "stored" not in op._cache and not fused_cpu.use_stored(op, k, v, w)
+        rows = head.shape[0]
+        assert rows == (budget // (m * itemsize) - spare) // fused_cpu.TILE * fused_cpu.TILE and 0 < rows < n
+        third = op.fused_matmul(v, w, accumulate=accumulate)
+        rhs = op.transpose_matmul(w, accumulate=accumulate)
+        kv = op @ v
+        assert op._cache.get("stored_head") is head  # read, not rebuilt
+    with settings.kernel_cache("never"):
+        alone = op.fused_matmul(v, w, accumulate=accumulate)
+        alone_rhs = op.transpose_matmul(w, accumulate=accumulate)
+        alone_kv = op @ v
+    whole = kgp.kernel_operator(kernel, X, Z)
+    with settings.kernel_cache("auto"):
+        whole.fused_matmul(v, w, accumulate=accumulate)
+        whole.fused_matmul(v, w, accumulate=accumulate)
+    assert torch.equal(head, whole._cache["stored"][:rows])
+    K = _oracle(X, Z, float(kernel.lengthscale), dtype)
+    exact = K.T @ (K @ v.double() + w.double())
+    for got, ref, exp in (
+        (first, alone, exact),
+        (second, alone, exact),
+        (third, alone, exact),
+        (rhs, alone_rhs, K.T @ w.double()),
+        (kv, alone_kv, K @ v.double()),
+    ):
+        scale = float(exp.abs().max())
+        err = float((got.double() - exp).abs().max()) / scale
+        err_alone = float((ref.double() - exp).abs().max()) / scale
+        assert err <= max(2 * err_alone, 16 * torch.finfo(dtype).eps), (err, err_alone)
 
 
 @pytest.mark.parametrize("family", ["rbf", "matern32"])

@@ -33,28 +33,70 @@ enum { RBF = 0, MATERN32 = 1, MATERN52 = 2 };
 int kgp_vector_bytes(void) { return VECTOR_BYTES; }
 int kgp_max_columns(void) { return MAX_K; }
 
-#define DEFINE_PASS(NAME, T, ACC, IT, BIAS, MANT, DEGREE, COEFFS, SQRT)                                          \
+/* 2^(-j/16), j = 0..15, correctly rounded (from 60-digit decimal arithmetic), for the exponential below */
+static const double EXP2_TABLE64[16] = {
+    0x1.0000000000000p+0, 0x1.ea4afa2a490dap-1, 0x1.d5818dcfba487p-1, 0x1.c199bdd85529cp-1,
+    0x1.ae89f995ad3adp-1, 0x1.9c49182a3f090p-1, 0x1.8ace5422aa0dbp-1, 0x1.7a11473eb0187p-1,
+    0x1.6a09e667f3bcdp-1, 0x1.5ab07dd485429p-1, 0x1.4bfdad5362a27p-1, 0x1.3dea64c123422p-1,
+    0x1.306fe0a31b715p-1, 0x1.2387a6e756238p-1, 0x1.172b83c7d517bp-1, 0x1.0b5586cf9890fp-1};
+static const float EXP2_TABLE32[16] = {
+    0x1.000000p+0f, 0x1.ea4afap-1f, 0x1.d5818ep-1f, 0x1.c199bep-1f, 0x1.ae89fap-1f, 0x1.9c4918p-1f,
+    0x1.8ace54p-1f, 0x1.7a1148p-1f, 0x1.6a09e6p-1f, 0x1.5ab07ep-1f, 0x1.4bfdaep-1f, 0x1.3dea64p-1f,
+    0x1.306fe0p-1f, 0x1.2387a6p-1f, 0x1.172b84p-1f, 0x1.0b5586p-1f};
+
+/* The exponential: 2^x for lo <= x <= 0 as 2^-(q / N) 2^f with q = round(-x N), f = x + q / N (exact by
+   Sterbenz's lemma), |f| <= 1 / (2 N). 2^-(q / N) is a table entry 2^-((q mod N) / N) -- one or two vectors
+   of N = min(16, 2 lanes) entries, picked by a register permute -- with q / N (rounded down) subtracted from its
+   exponent bits (at most 1010 in double, 62 in float: a normal number); 2^f is its Taylor polynomial in
+   f ln 2 of the lowest degree whose remainder is below 1/16 of the type's rounding: 7 in double and 3 in
+   float with N = 16, 8 in double with N = 8 (256-bit vectors). Against the reduction to |f| <= 1/2 and
+   degrees 14 / 7 this saves 7 / 4 of the entry's ~30 multiply-adds. */
+#define EXP2_DEGREE(T, N) (sizeof(T) == 8 ? ((N) == 16 ? 7 : 8) : ((N) == 16 ? 3 : 4))
+
+#define DEFINE_PASS(NAME, T, ACC, IT, MANT, COEFFS, TABLE, SQRT)                                                \
     enum { NAME##_lanes = VECTOR_BYTES / sizeof(T) };                                                             \
+    enum { NAME##_n = 2 * NAME##_lanes < 16 ? 2 * NAME##_lanes : 16 };                                           \
+    enum { NAME##_degree = EXP2_DEGREE(T, NAME##_n) };                                                            \
     typedef T NAME##_vt __attribute__((vector_size(VECTOR_BYTES)));                                               \
     typedef IT NAME##_vi __attribute__((vector_size(VECTOR_BYTES)));                                              \
     typedef ACC NAME##_va __attribute__((vector_size(sizeof(ACC) * NAME##_lanes)));                               \
-    static const T NAME##_coeff[DEGREE + 1] = COEFFS;                                                             \
-    /* 2^x for lo <= x <= 0: x = f - m with m = round(-x), |f| <= 1/2; 2^f by its Taylor polynomial in f ln 2    \
-       (error below the type's rounding for the degree chosen), 2^-m from the exponent bits (m is at most       \
-       about 1010 in double, 62 in float: a normal number) */                                                     \
-    static inline NAME##_vt NAME##_exp2(NAME##_vt x) {                                                            \
-        NAME##_vt y = -x + (T)0.5;                                                                                 \
-        NAME##_vi m = __builtin_convertvector(y, NAME##_vi);                                                     \
-        NAME##_vt f = x + __builtin_convertvector(m, NAME##_vt);                                                 \
-        NAME##_vt p = f * 0 + NAME##_coeff[DEGREE];                                                               \
-        for (int c = DEGREE - 1; c >= 0; --c) p = p * f + NAME##_coeff[c];                                        \
-        NAME##_vi bits = (BIAS - m) << MANT;                                                                      \
-        return p * (NAME##_vt)bits;                                                                               \
+    static const T NAME##_coeff[] = COEFFS;                                                                       \
+    static inline NAME##_vt NAME##_exp2(NAME##_vt x, NAME##_vt t0, NAME##_vt t1) {                                \
+        enum { N = NAME##_n, SHIFT = N == 16 ? 4 : 3 };                                                           \
+        NAME##_vt y = x * (T)(-N) + (T)0.5;                                                                       \
+        NAME##_vi q = __builtin_convertvector(y, NAME##_vi);                                                     \
+        NAME##_vt f = x + __builtin_convertvector(q, NAME##_vt) * (T)(1.0 / N);                                   \
+        NAME##_vt p = f * 0 + NAME##_coeff[NAME##_degree];                                                        \
+        for (int c = NAME##_degree - 1; c >= 1; --c) p = p * f + NAME##_coeff[c];                                 \
+        NAME##_vi j = q & (N - 1);                                                                                \
+        NAME##_vt e = (int)N == (int)NAME##_lanes ? __builtin_shuffle(t0, j) : __builtin_shuffle(t0, t1, j);      \
+        NAME##_vt scale = (NAME##_vt)((NAME##_vi)e - ((q >> SHIFT) << MANT));                                     \
+        /* scale (1 + f p), rounded once at the end (fused): f p = 2^f - 1 is small next to 1 */                  \
+        return scale * (f * p) + scale;                                                                           \
+    }                                                                                                             \
+    /* the table's N entries in two vectors (the second unused where N is one vector's lanes) */                 \
+    static inline void NAME##_tables(NAME##_vt *t0, NAME##_vt *t1) {                                              \
+        for (int l = 0; l < NAME##_lanes; ++l) {                                                                  \
+            (*t0)[l] = TABLE[(l % NAME##_n) * (16 / NAME##_n)];                                                   \
+            (*t1)[l] = TABLE[((l + NAME##_lanes) % NAME##_n) * (16 / NAME##_n)];                                  \
+        }                                                                                                         \
+    }                                                                                                             \
+    /* the exponential alone on n values (a multiple of the lanes), lo <= x <= 0: for the tests */                \
+    void NAME##_exp2_values(const T *X, T *OUT, int64_t n) {                                                      \
+        NAME##_vt t0, t1, x;                                                                                      \
+        NAME##_tables(&t0, &t1);                                                                                  \
+        for (int64_t i = 0; i < n; i += NAME##_lanes) {                                                           \
+            memcpy(&x, X + i, sizeof x);                                                                          \
+            x = NAME##_exp2(x, t0, t1);                                                                           \
+            memcpy(OUT + i, &x, sizeof x);                                                                        \
+        }                                                                                                         \
     }                                                                                                             \
     void NAME(const T *R, const T *CT, const T *VT, const T *W, ACC *OUT, T *BUF, T *KV, T *STORE, int64_t n0,  \
               int64_t n1, int64_t D, int64_t MP, int64_t k, int64_t family, T lo, T hi, int64_t M) {             \
         T u[TILE * MAX_K];                                                                                        \
         const NAME##_vt vlo = (NAME##_vt){0} + lo, vhi = (NAME##_vt){0} + hi, vzero = {0};                        \
+        NAME##_vt t0, t1;                                                                                         \
+        NAME##_tables(&t0, &t1);                                                                                  \
         for (int64_t i0 = n0; i0 < n1; i0 += TILE) {                                                              \
             /* a short last tile repeats its last row; those rows get u = 0 below, so they add nothing */          \
             const T *rp[TILE];                                                                                    \
@@ -82,11 +124,11 @@ int kgp_max_columns(void) { return MAX_K; }
                         x = (NAME##_vt)(((NAME##_vi)x & ~high) | ((NAME##_vi)vhi & high));                        \
                         NAME##_vt e;                                                                              \
                         if (family == RBF) {                                                                      \
-                            e = NAME##_exp2(x); /* x: the base-2 exponent */                                      \
+                            e = NAME##_exp2(x, t0, t1); /* x: the base-2 exponent */                                      \
                         } else { /* x = a^2, the scaled squared distance: (1 + a [+ a^2 / 3]) exp(-a) */          \
-                            NAME##_vt a;                                                                          \
+                            NAME##_vt a = x;                                                                      \
                             for (int l = 0; l < NAME##_lanes; ++l) a[l] = SQRT(x[l]);                             \
-                            e = NAME##_exp2(a * (T)-1.4426950408889634);                                          \
+                            e = NAME##_exp2(a * (T)-1.4426950408889634, t0, t1);                                          \
                             e *= family == MATERN32 ? a + 1 : a * a * (T)(1.0 / 3.0) + a + 1;                     \
                         }                                                                                         \
                         memcpy(BUF + r * MP + j + h * NAME##_lanes, &e, sizeof e);                                \
@@ -145,9 +187,9 @@ int kgp_max_columns(void) { return MAX_K; }
                   1.0178086009239696e-07, 7.054911620801121e-09, 4.44553827187081e-10, 2.5678435993488196e-11,      \
                   1.3691488853904124e-12, 6.778726354822543e-14}
 
-DEFINE_PASS(kgp_pass_f32, float, float, int32_t, 127, 23, 7, COEFFS32, __builtin_sqrtf)
-DEFINE_PASS(kgp_pass_f32_f64, float, double, int32_t, 127, 23, 7, COEFFS32, __builtin_sqrtf)
-DEFINE_PASS(kgp_pass_f64, double, double, int64_t, 1023, 52, 14, COEFFS64, __builtin_sqrt)
+DEFINE_PASS(kgp_pass_f32, float, float, int32_t, 23, COEFFS32, EXP2_TABLE32, __builtin_sqrtf)
+DEFINE_PASS(kgp_pass_f32_f64, float, double, int32_t, 23, COEFFS32, EXP2_TABLE32, __builtin_sqrtf)
+DEFINE_PASS(kgp_pass_f64, double, double, int64_t, 52, COEFFS64, EXP2_TABLE64, __builtin_sqrt)
 
 /* The stored pass: OUT += K^T (K v + w) reading a stored K (n x M, row stride LDK) once. Same sums as the pass
    above: a row's inner product with v and each TILE rows' part of K^T u in T, that part added to OUT in ACC.

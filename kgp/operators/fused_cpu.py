@@ -29,9 +29,14 @@ semantics:
   n = 219,082, M = 2,000 float32 with float64 sums: about 0.05 s against 0.133 s for forming ``K`` natively
   and 0.19 s for torch's two products; docs/backend.md, "Reading a stored K once").
 
-The exponential is ``2^f 2^-m`` with ``m = round(-x)`` and a Taylor polynomial for ``2^f`` (degree 7 in
-float32, 14 in float64: below the dtype's rounding on ``|f| <= 1/2``); the GEMM's result is clamped as the
-blocked pass clamps it (``[EXP_FLOOR log2(e), 0]`` for RBF, ``a^2`` in ``[0, EXP_FLOOR^2]`` for Matern).
+The exponential is ``2^-(q/N) 2^f`` with ``q = round(-x N)``, ``|f| <= 1/(2N)``: ``2^-(q/N)`` a table entry
+``2^-(j/N)`` (``N = 16``, or 8 for float64 in 256-bit vectors: one or two vectors, picked by a register
+permute) with ``floor(q/N)`` taken from its exponent bits, and ``2^f - 1`` a Taylor polynomial (degree 3 in
+float32, 7 or 8 in float64: remainder below 1/16 of the dtype's rounding), added as ``s + s (2^f - 1)`` in one
+fused rounding. Within one ``eps`` of ``2^x`` (the test measures 0.87 / 0.96 ``eps`` in float64 / float32),
+against the former reduction to ``|f| <= 1/2`` with degrees 14 / 7 it saves 7 / 4 of an entry's ~30
+multiply-adds. The GEMM's result is clamped as the blocked pass clamps it (``[EXP_FLOOR log2(e), 0]`` for
+RBF, ``a^2`` in ``[0, EXP_FLOOR^2]`` for Matern).
 """
 
 from __future__ import annotations
@@ -99,9 +104,24 @@ def _load() -> ctypes.CDLL:
         fn = getattr(lib, name)
         fn.restype = None
         fn.argtypes = [pointer, size, pointer, pointer, pointer, size, size, size, size]
+    for name in ("kgp_pass_f32_exp2_values", "kgp_pass_f64_exp2_values"):
+        fn = getattr(lib, name)
+        fn.restype = None
+        fn.argtypes = [pointer, pointer, size]
     if lib.kgp_max_columns() != MAX_COLUMNS or 2 * lib.kgp_vector_bytes() > _PAD * 4:
         raise RuntimeError("fused_cpu.c and fused_cpu.py disagree on the column cap or the padding")
     return lib
+
+
+def _exp2_values(x: Tensor) -> Tensor:
+    """The pass's ``2^x`` (``EXP_FLOOR log2(e) <= x <= 0``) on a float32 or float64 CPU tensor, for the tests."""
+    flat = x.reshape(-1)
+    padded = torch.zeros(-(-flat.numel() // _PAD) * _PAD, dtype=x.dtype)
+    padded[: flat.numel()] = flat
+    out = torch.empty_like(padded)
+    name = "kgp_pass_f32_exp2_values" if x.dtype == torch.float32 else "kgp_pass_f64_exp2_values"
+    getattr(_library(), name)(padded.data_ptr(), out.data_ptr(), padded.numel())
+    return out[: flat.numel()].reshape(x.shape)
 
 
 def native_error() -> str | None:
@@ -138,13 +158,21 @@ def native_applies(op, k: int, *rhs: Tensor) -> bool:
 
 def use_native(op, k: int, *rhs: Tensor) -> bool:
     """:func:`native_applies`, counted as one use of the operator towards storing ``K``: where ``K`` is due
-    to be stored at this use (``kernel_cache="auto"``, :meth:`~kgp.operators.workspace.BlockWorkspace._store_due`),
-    the native pass that follows writes it as it forms it, and :func:`use_stored` takes over from then on."""
+    to be stored at this use (``kernel_cache="auto"``, :meth:`~kgp.operators.workspace.BlockWorkspace._rows_due`),
+    the native pass that follows writes it as it forms it, and :func:`use_stored` takes over from then on.
+    Where only a head of ``K``'s rows fits the memory budget, the pass stores that head and from then on
+    reads it (the stored pass's loop) and forms the remaining rows."""
     if not native_applies(op, k, *rhs):
         return False
-    if op._store_due():
+    if "stored_head" in op._cache or "storing" in op._cache:
+        return True
+    rows = op._rows_due()
+    if rows:
         n, m = op.shape_nm
-        op._cache["storing"] = torch.empty(n, m, dtype=op.x1.dtype, device=op.x1.device)
+        if rows < n:
+            rows = rows // TILE * TILE
+        if rows:
+            op._cache["storing"] = torch.empty(rows, m, dtype=op.x1.dtype, device=op.x1.device)
     return True
 
 
@@ -163,13 +191,21 @@ def use_stored(op, k: int, *rhs: Tensor) -> bool:
     return _library() is not None
 
 
-def _row_shares(n: int) -> list[tuple[int, int]]:
-    """Contiguous ``(start, stop)`` row ranges of whole :data:`TILE`-row tiles, one per torch thread (at most
-    one per tile); ``n >= 1``. Fixed by ``n`` and the thread count, so a pass's sums are reproducible."""
-    tiles = -(-n // TILE)
+def _row_shares(start: int, stop: int) -> list[tuple[int, int]]:
+    """Contiguous ``(start, stop)`` row ranges of whole :data:`TILE`-row tiles covering ``[start, stop)``, one
+    per torch thread (at most one per tile); ``stop > start``. Fixed by the range and the thread count, so a
+    pass's sums are reproducible."""
+    tiles = -(-(stop - start) // TILE)
     threads = max(1, min(torch.get_num_threads(), tiles))
     per = -(-tiles // threads) * TILE
-    return [(s, min(s + per, n)) for s in range(0, n, per)]
+    return [(s, min(s + per, stop)) for s in range(start, stop, per)]
+
+
+_STORED_PASSES = {
+    (torch.float32, torch.float32): "kgp_stored_pass_f32",
+    (torch.float32, torch.float64): "kgp_stored_pass_f32_f64",
+    (torch.float64, torch.float64): "kgp_stored_pass_f64",
+}
 
 
 def stored_pass(op, vs: Tensor, w: Tensor | None, accumulate: torch.dtype) -> Tensor:
@@ -178,19 +214,22 @@ def stored_pass(op, vs: Tensor, w: Tensor | None, accumulate: torch.dtype) -> Te
     each :data:`TILE` rows' part of the transposed product in the operator's dtype, the rest in
     ``accumulate``). ``vs`` (``m x k``) and ``w`` (``n x k`` or None) are cast to the operator's dtype."""
     stored = op._cache["stored"]
-    dtype = stored.dtype
     n, m = stored.shape
-    k = vs.shape[1]
     if n == 0:  # a rank of a distributed fit holding no rows (K stored by the blocked pass): its part is 0
-        return torch.zeros(m, k, dtype=accumulate)
-    fn = {
-        (torch.float32, torch.float32): _library().kgp_stored_pass_f32,
-        (torch.float32, torch.float64): _library().kgp_stored_pass_f32_f64,
-        (torch.float64, torch.float64): _library().kgp_stored_pass_f64,
-    }[(dtype, accumulate)]
+        return torch.zeros(m, vs.shape[1], dtype=accumulate)
+    return _sum(_read_stored(stored, vs, w, accumulate)).T.contiguous()
+
+
+def _read_stored(stored: Tensor, vs: Tensor, w: Tensor | None, accumulate: torch.dtype) -> list[Tensor]:
+    """Each thread's ``k x m`` partial ``K^T (K vs + w)`` over the stored rows ``stored`` (the leading rows of
+    ``K``; ``w`` covers all of ``K``'s rows, the pass reads its first ``len(stored)``)."""
+    dtype = stored.dtype
+    rows, m = stored.shape
+    k = vs.shape[1]
+    fn = getattr(_library(), _STORED_PASSES[(dtype, accumulate)])
     vt = vs.to(dtype).T.contiguous()
     wc = None if w is None else w.to(dtype).contiguous()
-    shares = _row_shares(n)
+    shares = _row_shares(0, rows)
     outs = [torch.zeros(k, m, dtype=accumulate) for _ in shares]
     w_ptr = None if wc is None else wc.data_ptr()
 
@@ -199,10 +238,14 @@ def stored_pass(op, vs: Tensor, w: Tensor | None, accumulate: torch.dtype) -> Te
         fn(stored.data_ptr(), m, vt.data_ptr(), w_ptr, outs[i].data_ptr(), start, stop, m, k)
 
     run_parallel(run, range(len(shares)))
-    out = outs[0]
-    for extra in outs[1:]:
+    return outs
+
+
+def _sum(parts: list[Tensor]) -> Tensor:
+    out = parts[0]
+    for extra in parts[1:]:
         out += extra
-    return out.T.contiguous()
+    return out
 
 
 def native_pass(op, vs: Tensor, w: Tensor | None, accumulate: torch.dtype) -> Tensor:
@@ -210,29 +253,42 @@ def native_pass(op, vs: Tensor, w: Tensor | None, accumulate: torch.dtype) -> Te
 
     ``vs`` (``m x k``) and ``w`` (``n x k`` or None) in the operator's dtype; ``accumulate`` is that dtype or
     float64 (float32 sums of :data:`TILE` rows, then float64). The caller scales and reduces across ranks.
+    With a stored head of ``K`` (:func:`use_native`) its rows are read, the rest formed.
     """
-    m, k = op.shape_nm[1], vs.shape[1]
-    if op.shape_nm[0] == 0:  # a rank of a distributed fit holding no rows: its part of the sum
+    n, m = op.shape_nm
+    k = vs.shape[1]
+    if n == 0:  # a rank of a distributed fit holding no rows: its part of the sum
         return torch.zeros(m, k, dtype=accumulate)
-    outs = _run(op, vs, w, accumulate, None)
-    out = outs[0]
-    for extra in outs[1:]:
-        out += extra
-    return out[:, :m].T.contiguous()
+    head = op._cache.get("stored_head")
+    if head is None:
+        out = _sum(_run(op, vs, w, accumulate, None))[:, :m]
+    else:
+        out = _sum(_read_stored(head, vs, w, accumulate))
+        if head.shape[0] < n:
+            out += _sum(_run(op, vs, w, accumulate, None, start=head.shape[0]))[:, :m]
+    return out.T.contiguous()
 
 
 def native_rows_product(op, vs: Tensor) -> Tensor:
-    """``K vs`` (``n x k``, unscaled ``K``) in the operator's dtype: the pass's first half alone."""
+    """``K vs`` (``n x k``, unscaled ``K``) in the operator's dtype: the pass's first half alone (a stored
+    head's rows by a matrix product)."""
     n, k = op.shape_nm[0], vs.shape[1]
     out = torch.empty(n, k, dtype=op.x1.dtype)
-    if n:
-        _run(op, vs, None, op.x1.dtype, out)
+    head = op._cache.get("stored_head")
+    start = 0
+    if head is not None:
+        start = head.shape[0]
+        torch.mm(head, vs.to(head.dtype), out=out[:start])
+    if start < n:
+        _run(op, vs, None, op.x1.dtype, out, start=start)
     return out
 
 
-def _run(op, vs: Tensor, w: Tensor | None, accumulate: torch.dtype, kv: Tensor | None) -> list[Tensor]:
-    """One call per thread over contiguous shares of whole tiles; each thread's ``k x padded`` partial sum of
-    ``K^T (K vs + w)`` (none when ``kv`` is given: ``K vs`` is written there instead)."""
+def _run(op, vs: Tensor, w: Tensor | None, accumulate: torch.dtype, kv: Tensor | None, start: int = 0) -> list[Tensor]:
+    """One call per thread over contiguous shares of whole tiles of rows ``[start, n)``; each thread's
+    ``k x padded`` partial sum of ``K^T (K vs + w)`` over them (none when ``kv`` is given: ``K vs`` is written
+    there instead). Where :func:`use_native` left a buffer for ``K`` (whole, or a head of its rows), the rows
+    it covers are written into it as they are formed and it is kept once the pass is through."""
     lib = _library()
     dtype = op.x1.dtype
     n, m = op.shape_nm
@@ -261,24 +317,30 @@ def _run(op, vs: Tensor, w: Tensor | None, accumulate: torch.dtype, kv: Tensor |
     floor = EXP_FLOOR[dtype]
     # the blocked pass's clamps (KernelRecipe.fill): the base-2 exponent for RBF, a^2 for Matern
     lo, hi = (floor * _LOG2E, 0.0) if family == "rbf" else (0.0, floor * floor)
-    shares = _row_shares(n)
-    outs = [torch.zeros(k, padded, dtype=accumulate) for _ in shares] if kv is None else []
-    bufs = [torch.empty(TILE, padded, dtype=dtype) for _ in shares]
+    # K due to be stored at this use: its rows (all, or a head) in one parallel call, the rest in another
+    store = op._cache.pop("storing", None) if start == 0 else None
+    stored_rows = 0 if store is None else store.shape[0]
+    groups = [(_row_shares(0, stored_rows), store)] if stored_rows else []
+    if stored_rows < n:
+        groups.append((_row_shares(max(start, stored_rows), n), None))
     w_ptr = None if wc is None else wc.data_ptr()
     kv_ptr = None if kv is None else kv.data_ptr()
-    # K due to be stored at this use (use_native): written as it is formed, kept once the pass is through
-    store = op._cache.pop("storing", None)
-    store_ptr = None if store is None else store.data_ptr()
+    bufs = [torch.empty(TILE, padded, dtype=dtype) for _ in range(max(len(g) for g, _ in groups))]
+    outs = []
+    for shares, target in groups:
+        parts = [torch.zeros(k, padded, dtype=accumulate) for _ in shares] if kv is None else []
+        store_ptr = None if target is None else target.data_ptr()
 
-    def run(i: int) -> None:
-        start, stop = shares[i]
-        out_ptr = outs[i].data_ptr() if outs else None
-        fn(
-            rows.data_ptr(), cols_t.data_ptr(), vt.data_ptr(), w_ptr, out_ptr, bufs[i].data_ptr(), kv_ptr,
-            store_ptr, start, stop, dim, padded, k, _FAMILIES[family], lo, hi, m,
-        )  # fmt: skip
+        def run(i: int, shares=shares, parts=parts, store_ptr=store_ptr) -> None:
+            s, e = shares[i]
+            out_ptr = parts[i].data_ptr() if parts else None
+            fn(
+                rows.data_ptr(), cols_t.data_ptr(), vt.data_ptr(), w_ptr, out_ptr, bufs[i].data_ptr(), kv_ptr,
+                store_ptr, s, e, dim, padded, k, _FAMILIES[family], lo, hi, m,
+            )  # fmt: skip
 
-    run_parallel(run, range(len(shares)))
+        run_parallel(run, range(len(shares)))
+        outs += parts
     if store is not None:
-        op._cache["stored"] = store
+        op._cache["stored" if stored_rows == n else "stored_head"] = store
     return outs

@@ -99,6 +99,14 @@ class StreamingProducts:
             with torch.no_grad():
                 out = self._reduce(cols_product(self, u, u.dtype).unsqueeze(1))
             return out if scale is None else out.mul_(scale)
+        if use_stored(self, k, u) or use_native(self, k, u):
+            # as K^T (K 0 + u) (FALKON's right-hand side K^T y in float64): 0.85 s natively against 2.2 s for
+            # the blocks on airline (n = 219,082, M = 5,000 float64)
+            with torch.no_grad():
+                zero = torch.zeros(m, k, dtype=u.dtype, device=u.device)
+                native = stored_pass if "stored" in self._cache else native_pass
+                out = self._reduce(native(self, zero, u, u.dtype))
+            return out if scale is None else out.mul_(scale)
         # k > 1: accumulate the transpose u^T K, which reads each row-major block far faster (_fused_pass_columns)
         out_t = torch.zeros(k, m, dtype=u.dtype, device=u.device) if k > 1 else None
         out = torch.zeros(m, k, dtype=u.dtype, device=u.device) if k == 1 else None

@@ -130,19 +130,28 @@ class BlockWorkspace:
         return buf[:rows]
 
     def _store_due(self) -> bool:
-        """Count one use of the operator towards storing ``K``; True when ``K`` is to be stored from this use
-        on: under ``kernel_cache="auto"``, from the second use, and only if the matrix plus one block of
-        scratch fits ``kgp.settings.memory_budget`` (a single product, e.g. a prediction, never pays for the
-        ``n x M`` write)."""
+        """Count one use of the operator towards storing ``K``; True when the whole ``K`` is to be stored from
+        this use on (:meth:`_rows_due` is ``n``)."""
+        rows = self._rows_due()
+        return rows is not None and rows == self.shape_nm[0]
+
+    def _rows_due(self) -> int | None:
+        """Count one use of the operator towards storing ``K``; from the second use under
+        ``kernel_cache="auto"``, the number of leading rows of ``K`` that fit ``kgp.settings.memory_budget``
+        next to one block of scratch (``n`` when the whole matrix does: a single product, e.g. a prediction,
+        never pays for the ``n x M`` write); ``None`` before that use or when nothing is stored. Only the
+        native CPU pass reads a stored head of fewer rows (:func:`kgp.operators.fused_cpu.use_native`)."""
         if settings.kernel_cache.value() != "auto" or self.recipe.family == "generic":
-            return False
+            return None
         uses = self._cache.get("uses", 0) + 1
         self._cache["uses"] = uses
         if uses < 2:
-            return False
+            return None
         n, m = self.shape_nm
         spare_rows = self.block_rows() if self.recipe.buffers_needed > 1 else 0
-        return (n + spare_rows) * m * self.x1.element_size() <= settings.memory_budget.value(self.x1.device)
+        row_bytes = max(1, m * self.x1.element_size())
+        fits = settings.memory_budget.value(self.x1.device) // row_bytes - spare_rows
+        return max(0, min(n, fits))
 
     def _stored(self) -> Tensor | None:
         """The whole unscaled K(x1, x2) when ``kernel_cache="auto"`` allows it (:meth:`_store_due`), else
