@@ -289,8 +289,10 @@ kernel_cache = _Setting(
 ``"never"`` (default): recompute blocks on every product, so an operator holds no n x M memory
 unless asked. ``"auto"``: from the operator's second product on, keep K(X, Z) when
 ``n * M * itemsize`` fits :data:`memory_budget`; later products read it, 5x (d = 10) to 25x
-(d = 500) faster than recomputing (docs/backend.md). Iterative solvers that reuse one operator
-(FALKON's ``kernel_cache`` option) turn it on for their own loop."""
+(d = 500) faster than recomputing (docs/backend.md). Where only part fits, the native CPU pass keeps
+the leading rows that fit and forms the rest in every product (docs/backend.md, "A head of K").
+Iterative solvers that reuse one operator (FALKON's ``kernel_cache`` option) turn it on for their
+own loop."""
 
 fused_kernels = _Setting(
     "fused_kernels",

@@ -77,7 +77,8 @@ class FalkonSolver:
         ``"auto"``: keep ``K_nM`` in memory from the second CG pass on when ``n M`` entries fit
         ``kgp.settings.memory_budget`` (a fifth of RAM by default, on a GPU at most a fifth of its memory);
         later passes then read it instead of recomputing kernel blocks (4-5x faster per pass at d = 10,
-        docs/backend.md).
+        docs/backend.md); where only part of it fits, the native CPU pass keeps the leading rows that fit
+        and forms the rest.
         ``"never"``: recompute every pass (memory O(M^2) + one block). Never above the budget.
     accumulate : {"auto", "input", "float64"}, default "auto"
         dtype of the sums ``K_nM^T u``; "auto": float64 for float32 inputs (:mod:`.precision`).
