@@ -4,7 +4,13 @@ Run (one command; on the shared machine take the benchmark lock and fix the thre
 
     flock /tmp/kgp-bench.lock env OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE \\
         .venv/bin/python benchmarks/bench_roofline.py [--quick] [--m 2000,5000,10000] [--n 32000] [--d 8] \\
-        [--dtypes float32,float64] [--reps 3] [--threads T] [--jsonl PATH] [--ops setup,setup_mixed,...]
+        [--dtypes float32,float64] [--reps 3] [--threads T] [--jsonl PATH] [--ops setup,setup_mixed,...] \\
+        [--peers [--peer-python /tmp/falkon-venv/bin/python] [--peer-m 2000,5000] [--peer-dtypes float32,float64]]
+
+With ``--peers`` the peer ratios follow the roofline in the same command: kgp's FALKON against the FALKON
+library 0.9 on airline (``bench_falkon_library.py``, in ``--peer-python``, an interpreter where the library
+is importable: it builds for the CPU from its public source, see that script) and kgp's EigenPro against
+the EigenPro3 reference on letter (``bench_eigenpro_reference.py``).
 
 First the machine is measured, per dtype:
 
@@ -95,6 +101,8 @@ import datetime  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import platform  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable, Sequence  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
@@ -570,7 +578,40 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--ops", default="", help=f"comma-separated operations to run (default all): {', '.join(OP_KEYS)}"
     )
+    parser.add_argument(
+        "--peers", action="store_true", help="then run the peer benchmarks (the FALKON library, EigenPro3)"
+    )
+    parser.add_argument(
+        "--peer-python",
+        default=sys.executable,
+        help="interpreter for the peer benchmarks: one where the FALKON library is importable (default: this one)",
+    )
+    parser.add_argument("--peer-m", default="2000,5000", help="numbers of centers of the FALKON library run")
+    parser.add_argument("--peer-dtypes", default="float32,float64", help="dtypes of the FALKON library run")
     return parser
+
+
+def peer_commands(python: str, ms: Sequence[int], dtypes: Sequence[str]) -> list[list[str]]:
+    """The peer benchmarks ``--peers`` runs after the roofline, each one command of its own: kgp's FALKON
+    against the FALKON library 0.9 on airline (issue 26 target 4; it prints "skipped" where ``python`` cannot
+    import the library) and kgp's EigenPro against the EigenPro3 reference on letter (target 5; the
+    reference's rows are skipped without its checkout, see that script)."""
+    here = Path(__file__).resolve().parent
+    return [
+        [python, str(here / "bench_falkon_library.py"), "--m", *map(str, ms), "--dtype", *dtypes],
+        [python, str(here / "bench_eigenpro_reference.py"), "--repeats", "2"],
+    ]
+
+
+def run_peers(args: argparse.Namespace) -> None:
+    """Run :func:`peer_commands` in turn, their output printed as it comes."""
+    plugins = str(Path(__file__).resolve().parents[1] / "plugins")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [plugins, os.environ.get("PYTHONPATH")])))
+    for command in peer_commands(args.peer_python, parse_list(args.peer_m, int), parse_list(args.peer_dtypes, str)):
+        print(f"\n## Peers: {Path(command[1]).name}", flush=True)
+        done = subprocess.run(command, env=env, check=False)
+        if done.returncode:
+            print(f"({Path(command[1]).name} exited with status {done.returncode})")
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
@@ -701,7 +742,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
                 cells.append(f"{a / b:.2f}" if a is not None and b is not None else "")
             if any(cells):
                 print(f"| {name} | " + " | ".join(cells) + " |")
-    print(f"\nloadavg (1 min) at end={load1():.2f}")
+    print(f"\nloadavg (1 min) at end={load1():.2f}", flush=True)
+    if args.peers:
+        run_peers(args)
     return {"machine": machine, "rows": rows}
 
 

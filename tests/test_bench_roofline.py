@@ -52,3 +52,21 @@ def test_quick_run_has_every_operation(roofline, tmp_path, capsys):
     assert "## float32 / float64 time ratio" in out
     machine = result["machine"]
     assert all(rate > 0 for rate in (*machine.gemm.values(), *machine.exp.values(), machine.dram, machine.cache_read))
+
+
+def test_peers_run_each_peer_benchmark_as_its_own_command(roofline, monkeypatch, capfd):
+    """``--peers`` names the two peer scripts (which exist) with the run's centers and dtypes, and runs each in
+    the given interpreter; here the FALKON library is not installed, so its script reports that and exits 0."""
+    commands = roofline.peer_commands("python-x", [2000, 5000], ["float32"])
+    assert [Path(c[1]).name for c in commands] == ["bench_falkon_library.py", "bench_eigenpro_reference.py"]
+    assert all(Path(c[1]).is_file() and c[0] == "python-x" for c in commands)
+    assert commands[0][2:] == ["--m", "2000", "5000", "--dtype", "float32"]
+    if importlib.util.find_spec("falkon") is not None:
+        pytest.skip("the FALKON library is installed here: its benchmark would run in full")
+    both = roofline.peer_commands
+    monkeypatch.setattr(roofline, "peer_commands", lambda python, ms, dtypes: both(python, ms, dtypes)[:1])
+    args = roofline.build_parser().parse_args(["--peers", "--peer-python", sys.executable, "--peer-m", "2000"])
+    roofline.run_peers(args)
+    out = capfd.readouterr().out
+    assert "## Peers: bench_falkon_library.py" in out and "skipped: the FALKON library is not importable" in out
+    assert "exited with status" not in out
