@@ -10,9 +10,10 @@
    Layouts (row-major): R is n x D (the rows), CT is D x MP (the columns, transposed, padded to MP, a multiple
    of two vectors; padded columns are never read back), VT is k x MP (v transposed, zero in the padding),
    W is n x k or NULL (k <= MAX_K), OUT is k x MP (accumulated into, in ACC) or NULL (K v alone), BUF is
-   TILE x MP of scratch, KV is n x k or NULL: where given, K v + w is written there too. STORE is n x M or NULL:
-   where given, the entries formed are written there too (kernel_cache="auto" keeps K from then on), and
-   later products read it with the stored pass below.
+   TILE x MP of scratch, KV is n x k or NULL: where given, K v + w is written there too. STORE is NULL or the
+   first h rows of an n x M matrix (row i at STORE + i M; h = n for the whole K, less for a head of it, and a
+   call that stores covers rows below h only): where given, the entries formed are written there too
+   (kernel_cache="auto" keeps them from then on), and later products read them with the stored pass below.
    Built three times: float entries with float sums, float entries with double sums, double with double. */
 
 #include <stdint.h>
@@ -48,7 +49,7 @@ static const float EXP2_TABLE32[16] = {
    Sterbenz's lemma), |f| <= 1 / (2 N). 2^-(q / N) is a table entry 2^-((q mod N) / N) -- one or two vectors
    of N = min(16, 2 lanes) entries, picked by a register permute -- with q / N (rounded down) subtracted from its
    exponent bits (at most 1010 in double, 62 in float: a normal number); 2^f is its Taylor polynomial in
-   f ln 2 of the lowest degree whose remainder is below 1/16 of the type's rounding: 7 in double and 3 in
+   f ln 2 of the lowest degree whose remainder is below 1/12 of the type's rounding: 7 in double and 3 in
    float with N = 16, 8 in double with N = 8 (256-bit vectors). Against the reduction to |f| <= 1/2 and
    degrees 14 / 7 this saves 7 / 4 of the entry's ~30 multiply-adds. */
 #define EXP2_DEGREE(T, N) (sizeof(T) == 8 ? ((N) == 16 ? 7 : 8) : ((N) == 16 ? 3 : 4))

@@ -14,7 +14,8 @@ into ``$KGP_CACHE_DIR`` (default ``~/.cache/kgp``), keyed by the source, the com
 flags, and loaded with ctypes; the calls release the GIL, so one Python thread per torch thread runs it.
 
 Used by :class:`~kgp.operators.products.StreamingProducts` (``fused_matmul``, also with
-``accumulate=float64``, and ``K v``) when all of these hold, else the blocked path runs with identical
+``accumulate=float64``, ``K v``, and ``K^T u`` as ``K^T (K 0 + u)``: ``op.T @ u``, ``transpose_matmul``) when all
+of these hold, else the blocked path runs with identical
 semantics:
 
 - :data:`kgp.settings.fused_kernels` is ``"auto"`` (the default) or ``"always"``; ``"never"`` turns it off.
@@ -27,12 +28,15 @@ semantics:
   native pass forms it (when ``K`` fits the memory budget), and from then on :func:`stored_pass` reads it:
   one pass over memory for ``K^T (K v + w)``, where torch's two products read it twice (on airline,
   n = 219,082, M = 2,000 float32 with float64 sums: about 0.05 s against 0.133 s for forming ``K`` natively
-  and 0.19 s for torch's two products; docs/backend.md, "Reading a stored K once").
+  and 0.19 s for torch's two products; docs/backend.md, "Reading a stored K once"). Where the whole ``K``
+  does not fit, the second product stores its leading rows that do (a head), and later products read
+  those and form the rest (docs/backend.md, "A head of K"); a head is never grown or dropped while the
+  operator's inputs stay the same.
 
 The exponential is ``2^-(q/N) 2^f`` with ``q = round(-x N)``, ``|f| <= 1/(2N)``: ``2^-(q/N)`` a table entry
 ``2^-(j/N)`` (``N = 16``, or 8 for float64 in 256-bit vectors: one or two vectors, picked by a register
 permute) with ``floor(q/N)`` taken from its exponent bits, and ``2^f - 1`` a Taylor polynomial (degree 3 in
-float32, 7 or 8 in float64: remainder below 1/16 of the dtype's rounding), added as ``s + s (2^f - 1)`` in one
+float32, 7 or 8 in float64: remainder below 1/12 of the dtype's rounding), added as ``s + s (2^f - 1)`` in one
 fused rounding. Within one ``eps`` of ``2^x`` (the test measures 0.87 / 0.96 ``eps`` in float64 / float32),
 against the former reduction to ``|f| <= 1/2`` with degrees 14 / 7 it saves 7 / 4 of an entry's ~30
 multiply-adds. The GEMM's result is clamped as the blocked pass clamps it (``[EXP_FLOOR log2(e), 0]`` for
@@ -340,7 +344,9 @@ def _run(op, vs: Tensor, w: Tensor | None, accumulate: torch.dtype, kv: Tensor |
             )  # fmt: skip
 
         run_parallel(run, range(len(shares)))
-        outs += parts
+        # each group summed on its own, so that a product that stores a head adds in the order of the
+        # products that read it (head, then the rest): the same result where the stored pass is the native one
+        outs += [_sum(parts)] if len(groups) > 1 and parts else parts
     if store is not None:
         op._cache["stored" if stored_rows == n else "stored_head"] = store
     return outs

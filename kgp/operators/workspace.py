@@ -139,7 +139,8 @@ class BlockWorkspace:
         """Count one use of the operator towards storing ``K``; from the second use under
         ``kernel_cache="auto"``, the number of leading rows of ``K`` that fit ``kgp.settings.memory_budget``
         next to one block of scratch (``n`` when the whole matrix does: a single product, e.g. a prediction,
-        never pays for the ``n x M`` write); ``None`` before that use or when nothing is stored. Only the
+        never pays for the ``n x M`` write; 0 where no row fits); ``None`` under ``kernel_cache="never"``, for a
+        generic kernel, or at the first use. Only the
         native CPU pass reads a stored head of fewer rows (:func:`kgp.operators.fused_cpu.use_native`)."""
         if settings.kernel_cache.value() != "auto" or self.recipe.family == "generic":
             return None
@@ -170,6 +171,7 @@ class BlockWorkspace:
                 b = rows.stop - rows.start
                 self._fill(rows, stored[rows], None if spare is None else spare[:b])
         self._cache["stored"] = stored
+        self._cache.pop("stored_head", None)  # the budget grew since a native pass stored a head: not twice
         return stored
 
     def _fill(self, rows: slice, out: Tensor, spare: Tensor | None) -> None:

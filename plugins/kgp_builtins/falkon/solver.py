@@ -131,7 +131,9 @@ class FalkonSolver:
             help="eigh / pivoted: drop eigenvalues (pivots) <= rcond * max (None: M eps64, or eps32 for float32)",
         ),
         "kernel_cache": Option.choice(
-            "auto", ("auto", "never"), help="keep K_nM in memory from the second pass when it fits the budget"
+            "auto",
+            ("auto", "never"),
+            help="keep K_nM (or the leading rows that fit) in memory from the second pass, within the budget",
         ),
         "accumulate": Option.choice(
             "auto",
