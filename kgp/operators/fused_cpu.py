@@ -63,6 +63,7 @@ __all__ = [
     "native_pass",
     "native_rows_product",
     "stored_pass",
+    "transpose_pass",
     "use_native",
     "use_stored",
 ]
@@ -250,6 +251,16 @@ def _sum(parts: list[Tensor]) -> Tensor:
     for extra in parts[1:]:
         out += extra
     return out
+
+
+def transpose_pass(op, vs: Tensor | None, w: Tensor, accumulate: torch.dtype) -> Tensor:
+    """``K^T (K vs + w)``, or ``K^T w`` as ``K^T (K 0 + w)`` where ``vs`` is None (FALKON's right-hand side
+    ``K^T y``: the pass forms each tile once either way), reading the stored ``K`` where there is one
+    (:func:`stored_pass`), else :func:`native_pass`; for a caller that checked :func:`use_stored` or
+    :func:`use_native`."""
+    if vs is None:
+        vs = torch.zeros(op.shape_nm[1], w.shape[1], dtype=op.x1.dtype, device=op.x1.device)
+    return (stored_pass if "stored" in op._cache else native_pass)(op, vs, w, accumulate)
 
 
 def native_pass(op, vs: Tensor, w: Tensor | None, accumulate: torch.dtype) -> Tensor:
