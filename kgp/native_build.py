@@ -7,8 +7,8 @@ float64 (:mod:`kgp.triangular`). Each source is compiled by the system's C compi
 (default ``~/.cache/kgp``), under a name keyed by the source, the compiler and the CPU's feature flags, and
 loaded with ctypes. A build is loaded once in a child process, sealed with its SHA-256 and renamed into place
 after an fsync; a cached file whose seal does not hold (truncated, bit-flipped, left by a killed build) is
-never loaded, but rebuilt, since a damaged library can kill the process inside the loader. ctypes releases the GIL during a call, so one Python thread per torch thread runs a
-share of the work (:func:`executor`).
+never loaded, but rebuilt, since a damaged library can kill the process inside the loader. ctypes releases
+the GIL during a call, so one Python thread per torch thread runs a share of the work (:func:`executor`).
 """
 
 from __future__ import annotations
