@@ -53,9 +53,9 @@ SOLVER_CASES: dict[str, dict] = {
 DEFAULT_CASE: dict = {"rtol": 1e-2, "rtol_float32": 1e-2}
 
 SELECTOR_CASES: dict[str, dict] = {
-    "uniform": {},
-    "bless": {"exact_count": False},
-    "bless-r": {"exact_count": False},
+    "uniform": {"data_rows": True},
+    "bless": {"exact_count": False, "data_rows": True, "invalid_options": ({"q": 1.0}, {"linalg_dtype": "half"})},
+    "bless-r": {"exact_count": False, "data_rows": True, "invalid_options": ({"q2": 0.0}, {"score_lambda": "x"})},
 }
 
 
@@ -315,7 +315,9 @@ def test_example_solver_conforms(example_plugin, check):
 
 @pytest.mark.parametrize("check", list(SELECTOR_CHECKS))
 def test_example_selector_conforms(example_plugin, check):
-    SELECTOR_CHECKS[check]("kmeans++", solver="nystrom-direct", rtol=1e-9)
+    SELECTOR_CHECKS[check](
+        "kmeans++", solver="nystrom-direct", rtol=1e-9, data_rows=True, invalid_options=({"n_local_trials": 0},)
+    )
 
 
 # ---------------------------------------------------------------------------------------------

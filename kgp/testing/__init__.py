@@ -43,8 +43,10 @@ plain ``state_dict`` that ``from_state`` reproduces; inputs unmodified), ``oracl
 
 Selector checks (:data:`SELECTOR_CHECKS`, :mod:`.selector_checks`): ``contract`` (a
 :class:`kgp.Centers` of ``M x d`` finite points in X's dtype and device, positive weights, indices
-with ``X[indices] == points``, for float32, float64 and ``n_centers=None``), ``seed``, ``device``,
-``unknown_option`` and ``in_model`` (a fit on the chosen centers matches the dense Nystrom solution).
+with ``X[indices] == points``, for float32, float64 and ``n_centers=None``), ``distinct`` (no center
+twice), ``data_rows`` (every center a row of X, when the selector promises it), ``seed``, ``device``,
+``unknown_option``, ``invalid_options``, ``memory`` (no n x n tensor, nothing above the memory budget but
+M x M or n x d) and ``in_model`` (a fit on the chosen centers matches the dense Nystrom solution).
 
 Objective checks (:data:`OBJECTIVE_CHECKS`, :mod:`.objective_checks`): ``protocol`` (a finite 0-d
 loss in the input dtype with gradients for the kernel's parameters, the noise and the mean),
@@ -87,8 +89,12 @@ from .selector_checks import (
     SELECTOR_CHECKS,
     check_selector,
     check_selector_contract,
+    check_selector_data_rows,
     check_selector_device,
+    check_selector_distinct,
     check_selector_in_model,
+    check_selector_invalid_options,
+    check_selector_memory,
     check_selector_seed,
     check_selector_unknown_option,
 )
@@ -136,8 +142,12 @@ __all__ = [
     "check_objective_value",
     "check_selector",
     "check_selector_contract",
+    "check_selector_data_rows",
     "check_selector_device",
+    "check_selector_distinct",
     "check_selector_in_model",
+    "check_selector_invalid_options",
+    "check_selector_memory",
     "check_selector_seed",
     "check_selector_unknown_option",
     "check_solver",

@@ -90,12 +90,18 @@ class SolverConformance:
 
 
 class SelectorConformance:
-    """Subclass as ``class TestMySelector(SelectorConformance)``; one ``test_*`` per selector check."""
+    """Subclass as ``class TestMySelector(SelectorConformance)``; one ``test_*`` per selector check.
+
+    Set ``data_rows = True`` when the selector promises rows of ``X``, and ``invalid_options`` to option dicts
+    it must refuse; without them those two checks are skipped.
+    """
 
     selector_name: ClassVar[str] = ""
     selector_options: ClassVar[dict[str, Any]] = {}
     n_centers: ClassVar[int] = 40
     exact_count: ClassVar[bool] = True
+    data_rows: ClassVar[bool] = False
+    invalid_options: ClassVar[tuple[dict[str, Any], ...]] = ()
     spec: ClassVar[OracleSpec] = DEFAULT_SPEC
     device: ClassVar[str | None] = None
     solver: ClassVar[str | None] = None
@@ -113,6 +119,8 @@ class SelectorConformance:
             selector_options=self.selector_options,
             n_centers=self.n_centers,
             exact_count=self.exact_count,
+            data_rows=self.data_rows,
+            invalid_options=tuple(self.invalid_options),
             spec=self.spec,
             device=self.device,
             solver=self.solver,
@@ -123,6 +131,12 @@ class SelectorConformance:
     def test_contract(self):
         self.run_check("contract")
 
+    def test_distinct(self):
+        self.run_check("distinct")
+
+    def test_data_rows(self):
+        self.run_check("data_rows")
+
     def test_seed(self):
         self.run_check("seed")
 
@@ -131,6 +145,12 @@ class SelectorConformance:
 
     def test_unknown_option(self):
         self.run_check("unknown_option")
+
+    def test_invalid_options(self):
+        self.run_check("invalid_options")
+
+    def test_memory(self):
+        self.run_check("memory")
 
     def test_in_model(self):
         self.run_check("in_model")

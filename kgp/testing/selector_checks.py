@@ -1,7 +1,12 @@
-"""Center-selector checks: the returned :class:`kgp.Centers`, seeds, devices, options and a fit on them.
+"""Center-selector checks: the returned :class:`kgp.Centers`, distinct centers, rows of the data, seeds,
+devices, options, memory under a budget and a fit on the centers.
 
 ``select`` is called as the model calls it: with options resolved by :func:`kgp.resolve_options`
 and under ``torch.no_grad()`` unless the selector declares ``needs_grad``.
+
+Why distinct centers: a center repeated makes two rows of ``K_MM`` equal, so the Nystrom system
+``(K_nM^T K_nM + sigma^2 K_MM) a = K_nM^T y`` is singular and the repeat buys no accuracy; a selector
+that samples with replacement merges the repeats (into a weight, or fewer centers) before returning.
 """
 
 from __future__ import annotations
@@ -13,8 +18,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .. import settings
 from ..options import resolve_options
 from ..plugin import Centers, SelectionRequest
+from .memory import MEMORY_BUDGET, MEMORY_EXACT_SIZE, MEMORY_SPEC, LargestTensor
 from .oracles import DEFAULT_SPEC, OracleData, OracleSpec, dense_nystrom_mean, make_oracle_data
 from .solver_checks import solver_model
 from .support import GlobalRngGuard, check_close, options_for, plugin_info, plugin_work, reproduces, run_all, skip
@@ -23,8 +30,12 @@ __all__ = [
     "SELECTOR_CHECKS",
     "check_selector",
     "check_selector_contract",
+    "check_selector_data_rows",
     "check_selector_device",
+    "check_selector_distinct",
     "check_selector_in_model",
+    "check_selector_invalid_options",
+    "check_selector_memory",
     "check_selector_seed",
     "check_selector_unknown_option",
 ]
@@ -120,6 +131,79 @@ def check_selector_contract(
     return {"n_centers": sizes}
 
 
+def _duplicates(points: Tensor) -> tuple[int, list[int]]:
+    """The number of distinct rows of ``points`` and the positions of the first two equal rows (or [])."""
+    distinct, inverse, counts = torch.unique(points, dim=0, return_inverse=True, return_counts=True)
+    if distinct.shape[0] == points.shape[0]:
+        return distinct.shape[0], []
+    group = int(torch.argmax(counts))
+    return distinct.shape[0], (inverse == group).nonzero()[:2, 0].tolist()
+
+
+def check_selector_distinct(
+    name: str,
+    *,
+    selector_options=None,
+    n_centers: int = 40,
+    spec: OracleSpec = DEFAULT_SPEC,
+    **_: Any,
+) -> dict[str, Any]:
+    """No center is returned twice (the kit's data has distinct rows), for ``n_centers`` and ``None``.
+
+    A repeated center makes ``K_MM`` singular and adds nothing to the Nystrom space; a sampler drawing
+    with replacement merges repeats into one center (a weight, or fewer than ``n_centers`` with
+    ``exact_count=False``).
+    """
+    data = make_oracle_data(spec)
+    sizes = {}
+    for asked in (n_centers, None):
+        points = _select(name, data, asked, 0, selector_options).points
+        m = points.shape[0]
+        distinct, first = _duplicates(points)
+        if distinct == 1 and m > 1:
+            raise AssertionError(
+                f"selector {name!r}: returned the same center {m} times (n_centers={asked}); every center must be "
+                "a different point"
+            )
+        if first:
+            raise AssertionError(
+                f"selector {name!r}: returned duplicate centers ({m - distinct} of {m} repeat an earlier one; points "
+                f"{first[0]} and {first[1]} are equal, n_centers={asked}): a repeated center makes K_MM singular; "
+                "draw without replacement or merge repeats"
+            )
+        sizes["auto" if asked is None else "requested"] = m
+    return {"n_centers": sizes}
+
+
+def check_selector_data_rows(
+    name: str,
+    *,
+    selector_options=None,
+    n_centers: int = 40,
+    spec: OracleSpec = DEFAULT_SPEC,
+    data_rows: bool = False,
+    **_: Any,
+) -> dict[str, Any]:
+    """With ``data_rows=True`` (the selector promises rows of ``X``, as uniform sampling and leverage-score
+    sampling do): every center equals a training row exactly, in float32 and float64."""
+    if not data_rows:
+        skip("data_rows=False: the selector may return points that are not rows of X")
+    base = make_oracle_data(spec)
+    for dtype in (torch.float32, torch.float64):
+        data = base.cast(dtype)
+        points = _select(name, data, n_centers, 0, selector_options).points
+        outside = [i for i in range(points.shape[0]) if not bool((data.X == points[i]).all(dim=1).any())]
+        if outside:
+            i = outside[0]
+            nearest = float(((data.X - points[i]) ** 2).sum(dim=1).min().sqrt())
+            raise AssertionError(
+                f"selector {name!r}: {len(outside)} of {points.shape[0]} centers are not rows of X ({dtype}; "
+                f"center {i} is {nearest:.3e} from the nearest row), but the selector promises data rows "
+                "(data_rows=True)"
+            )
+    return {}
+
+
 def check_selector_seed(
     name: str, *, selector_options=None, n_centers: int = 40, spec: OracleSpec = DEFAULT_SPEC, **_: Any
 ) -> dict[str, Any]:
@@ -174,6 +258,62 @@ def check_selector_unknown_option(name: str, *, spec: OracleSpec = DEFAULT_SPEC,
     return {}
 
 
+def check_selector_invalid_options(
+    name: str,
+    *,
+    selector_options=None,
+    invalid_options: tuple[Mapping[str, Any], ...] = (),
+    n_centers: int = 40,
+    spec: OracleSpec = DEFAULT_SPEC,
+    **_: Any,
+) -> dict[str, Any]:
+    """Each dict in ``invalid_options`` (merged over ``selector_options``) raises ValueError / TypeError naming
+    an option in it, when resolved or at the latest in ``select``."""
+    if not invalid_options:
+        skip("no invalid_options given")
+    data = make_oracle_data(spec)
+    for bad in invalid_options:
+        try:
+            _select(name, data, n_centers, 0, {**dict(selector_options or {}), **dict(bad)})
+        except (ValueError, TypeError) as exc:
+            if not any(key in str(exc) for key in bad):
+                raise AssertionError(
+                    f"selector {name!r}: the error for {dict(bad)} names none of {list(bad)}: {exc}"
+                ) from None
+        else:
+            raise AssertionError(f"selector {name!r}: invalid options {dict(bad)} were accepted")
+    return {"cases": len(invalid_options)}
+
+
+def check_selector_memory(
+    name: str, *, selector_options=None, memory_spec: OracleSpec = MEMORY_SPEC, **_: Any
+) -> dict[str, Any]:
+    """Under ``kgp.settings.max_exact_size`` = :data:`~kgp.testing.memory.MEMORY_EXACT_SIZE` and ``memory_budget``
+    = :data:`~kgp.testing.memory.MEMORY_BUDGET`: ``select`` forms no n x n tensor, and none larger than
+    ``max(budget, max_exact_size^2, M^2, n x d)`` entries (an ``n x M`` kernel block must be streamed).
+
+    Measured by :class:`~kgp.testing.memory.LargestTensor` on ``memory_spec`` (n = 2000, M = 20).
+    """
+    data = make_oracle_data(memory_spec)
+    n, m, d = memory_spec.n, memory_spec.n_centers, memory_spec.d
+    with settings.max_exact_size(MEMORY_EXACT_SIZE), settings.memory_budget(MEMORY_BUDGET):
+        with LargestTensor() as probe:
+            _select(name, data, m, 0, selector_options)
+    bound = max(MEMORY_BUDGET // data.X.element_size(), MEMORY_EXACT_SIZE**2, m * m, n * d)
+    if probe.largest >= n * n:
+        raise AssertionError(
+            f"selector {name!r}: formed a {probe.shape} tensor ({probe.op}) at n={n}: never form the n x n kernel "
+            "matrix; stream K(X, Z) over row blocks (request.kernel_operator) under kgp.settings.memory_budget"
+        )
+    if probe.largest > bound:
+        raise AssertionError(
+            f"selector {name!r}: formed a {probe.shape} tensor ({probe.op}), {probe.largest} entries, above "
+            f"max(memory_budget={MEMORY_BUDGET} bytes, max_exact_size^2, M^2, n x d) = {bound} at n={n}, M={m}: "
+            "stream n x M products over row blocks under kgp.settings.memory_budget"
+        )
+    return {"largest": probe.largest, "shape": probe.shape, "bound": bound}
+
+
 def check_selector_in_model(
     name: str,
     *,
@@ -205,9 +345,13 @@ def check_selector_in_model(
 
 SELECTOR_CHECKS: dict[str, Callable[..., dict[str, Any]]] = {
     "contract": check_selector_contract,
+    "distinct": check_selector_distinct,
+    "data_rows": check_selector_data_rows,
     "seed": check_selector_seed,
     "device": check_selector_device,
     "unknown_option": check_selector_unknown_option,
+    "invalid_options": check_selector_invalid_options,
+    "memory": check_selector_memory,
     "in_model": check_selector_in_model,
 }
 """Every selector check by name, in the order :func:`check_selector` runs them."""
@@ -219,7 +363,10 @@ def check_selector(
     selector_options: Mapping[str, Any] | None = None,
     n_centers: int = 40,
     exact_count: bool = True,
+    data_rows: bool = False,
+    invalid_options: tuple[Mapping[str, Any], ...] = (),
     spec: OracleSpec = DEFAULT_SPEC,
+    memory_spec: OracleSpec = MEMORY_SPEC,
     device: str | torch.device | None = None,
     solver: str | None = None,
     solver_options: Mapping[str, Any] | None = None,
@@ -239,8 +386,16 @@ def check_selector(
     exact_count:
         Whether exactly ``n_centers`` must come back (False: between 1 and ``n_centers``, e.g.
         for samplers that merge duplicates).
+    data_rows:
+        Whether the selector promises rows of ``X`` (uniform, leverage-score and k-means++ sampling do);
+        then every center must equal a training row. False skips the ``data_rows`` check.
+    invalid_options:
+        Option dicts the selector must refuse (ValueError / TypeError naming an option in the dict), e.g.
+        ``({"q": 1.0},)`` for an option declared ``> 1``. Empty skips the ``invalid_options`` check.
     spec:
         The oracle problem the centers are chosen from.
+    memory_spec:
+        The larger problem of the ``memory`` check (n x n must not fit under its budget).
     device:
         Extra device for the device check (default: CUDA when available).
     solver:
@@ -268,7 +423,10 @@ def check_selector(
         selector_options=selector_options,
         n_centers=n_centers,
         exact_count=exact_count,
+        data_rows=data_rows,
+        invalid_options=tuple(invalid_options),
         spec=spec,
+        memory_spec=memory_spec,
         device=device,
         solver=solver,
         solver_options=solver_options,
