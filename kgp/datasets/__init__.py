@@ -1,4 +1,4 @@
-"""Small real data shipped inside the package (no downloads)."""
+"""Small real data shipped inside the package (no downloads); synthetic data of any size with a known noise floor."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ from importlib import resources
 
 import numpy as np
 
-__all__ = ["load_demo", "standardized_split"]
+from .synthetic import PriorDraw, excess_rmse, make_gp_regression
+
+__all__ = ["PriorDraw", "excess_rmse", "load_demo", "make_gp_regression", "standardized_split"]
 
 
 def load_demo() -> tuple[np.ndarray, np.ndarray]:
