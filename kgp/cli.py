@@ -211,15 +211,23 @@ def _save(model, args) -> None:
     args.written = args.out
 
 
+def _interrupt_rule(args):
+    """The learning loop's Ctrl-C rule for ``kgp fit``: stop the command unless ``--keep-best-on-interrupt``."""
+    import kgp
+
+    return kgp.settings.interrupted_learning("keep_best" if args.keep_best_on_interrupt else "stop_fit")
+
+
 def _cmd_fit(args) -> int:
-    check_out(args.out)
+    check_out(args.out, inputs={"--data": args.data})
     if getattr(args, "distributed", False):
         return _cmd_fit_distributed(args)
     data = read_data(args.data, args.target, want_target=True, header=args.header)
     X = NamedColumns(data.X, data.names) if data.names is not None else data.X
     model = _estimator_from_args(args)
     args.fit_dtype = _fit_dtype(args, data.X)
-    model.fit(X, data.y)
+    with _interrupt_rule(args):
+        model.fit(X, data.y)
     _save(model, args)
     metric = "accuracy" if args.classify else "R2"
     features = f"features {', '.join(data.names)}" if data.names is not None else f"{data.X.shape[1]} features"
@@ -305,7 +313,8 @@ def _cmd_fit_distributed(args) -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     X, y = load_rows(args.data, args.target, rank, world)
     model = _estimator_from_args(args)  # a KernelClassifier with --classify (classes gathered from all ranks)
-    model.fit(X, y, distributed=True)
+    with _interrupt_rule(args):
+        model.fit(X, y, distributed=True)
     _save(model, args)  # rank 0 writes
     if rank == 0:
         what = "accuracy" if args.classify else "R2"

@@ -161,7 +161,17 @@ def build_parser(fit_cmd, predict_cmd, demo_cmd, plugins_cmd) -> argparse.Argume
         help="progress bar of the learning and the solver on stderr (None: on when stderr is a terminal)",
     )
     _add_threads(fit)
-    fit.add_argument("--out", required=True, help="model file to write (replaced atomically if it exists)")
+    fit.add_argument(
+        "--out",
+        required=True,
+        help="model file to write (replaced atomically if it exists; never the --data file itself)",
+    )
+    fit.add_argument(
+        "--keep-best-on-interrupt",
+        action="store_true",
+        help="a Ctrl-C during --learn ends the learning and the fit goes on with the best point found, saving "
+        "it; without this flag a Ctrl-C stops the command (exit status 130) and --out is left untouched",
+    )
     fit.add_argument(
         "--distributed",
         action="store_true",
@@ -233,10 +243,20 @@ def _add_data_args(p: argparse.ArgumentParser, *, predict: bool) -> None:
     )
 
 
-def output_problem(path: str, flag: str = "--out") -> str | None:
-    """Why ``path`` cannot be written (checked before any work), or None."""
+def output_problem(path: str, flag: str = "--out", inputs: dict[str, str] | None = None) -> str | None:
+    """Why ``path`` cannot be written (checked before any work), or None.
+
+    ``inputs`` maps the flags of the command's input files to their paths: an output that is one of them is
+    refused, compared by device and inode (a second name, a hard link or a symbolic link is the same file).
+    """
     if os.path.isdir(path):
         return f"{flag}: {path} is a directory; give a file name"
+    for input_flag, input_path in (inputs or {}).items():
+        if input_path is not None and _same_file(path, input_path):
+            return (
+                f"{flag}: {path} is the {input_flag} file {input_path} (the same file on disk); writing it would "
+                f"replace the {input_flag} input: give another {flag} path"
+            )
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         return f"{flag}: the folder {folder} does not exist (for {path}); create it first"
@@ -245,8 +265,16 @@ def output_problem(path: str, flag: str = "--out") -> str | None:
     return None
 
 
-def check_out(path: str) -> None:
-    """Refuse an ``--out`` that cannot be written before any work (not after a fit of minutes)."""
-    problem = output_problem(path)
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # either does not exist (yet): not the same file
+        return False
+
+
+def check_out(path: str, inputs: dict[str, str] | None = None) -> None:
+    """Refuse an ``--out`` that cannot be written, or that is one of the ``inputs`` (flag to path), before any
+    work (not after a fit of minutes)."""
+    problem = output_problem(path, inputs=inputs)
     if problem:
         raise ValueError(problem)

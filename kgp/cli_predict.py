@@ -3,13 +3,14 @@ file, scored when the file has the target, optionally with a calibration plot.""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import numpy as np
 
 from .cli_data import NamedColumns, align_features, read_data
-from .cli_parser import check_out
+from .cli_parser import check_out, output_problem
 from .io import atomic_write
 
 __all__ = ["cmd_predict"]
@@ -18,8 +19,15 @@ __all__ = ["cmd_predict"]
 def cmd_predict(args) -> int:
     import kgp
 
+    inputs = {"--model": args.model, "--data": args.data}
     if args.out:
-        check_out(args.out)
+        check_out(args.out, inputs=inputs)
+    if args.calibration_plot is not None:
+        problem = output_problem(args.calibration_plot, "--calibration-plot", inputs=inputs)
+        if problem is None and args.out and os.path.abspath(args.out) == os.path.abspath(args.calibration_plot):
+            problem = f"--calibration-plot: {args.calibration_plot} is also --out; give the plot another path"
+        if problem:
+            raise ValueError(problem)
     # kgp.load moves tensors to the device without checking it: torch without CUDA raises a bare
     # AssertionError for "cuda:0"; the estimators' own check names the device
     from .fitting.plan import check_device

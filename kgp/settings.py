@@ -39,6 +39,7 @@ __all__ = [
     "block_rows",
     "distributed_timeout",
     "fused_kernels",
+    "interrupted_learning",
     "kernel_cache",
     "max_exact_size",
     "memory_budget",
@@ -318,6 +319,19 @@ C loop compiled on first use
 
 max_exact_size = _Setting("max_exact_size", _env_int("KGP_MAX_EXACT_SIZE", 20_000), _positive_int("max_exact_size"))
 """Largest n for which dense O(n^2)-memory routines (exact solver, exact leverage scores) run."""
+
+
+interrupted_learning = _Setting(
+    "interrupted_learning", "keep_best", _choice("interrupted_learning", ("keep_best", "stop_fit"))
+)
+"""What a Ctrl-C during hyperparameter learning does.
+
+``"keep_best"`` (default): it ends the learning, not the fit: the solve runs with the best point found
+and a :class:`kgp.ConvergenceWarning` says so; a second Ctrl-C stops the fit. ``"stop_fit"``: it stops
+the fit at once (``KeyboardInterrupt`` reaches the caller, the estimator keeps its previous state). The
+``kgp fit`` command runs under ``"stop_fit"``, so an interrupted command writes nothing and exits 130,
+unless ``--keep-best-on-interrupt`` is given. A distributed fit, and an interrupt before the first
+evaluation, always stop the fit."""
 
 
 def _positive_seconds(name: str):

@@ -25,6 +25,7 @@ import gpytorch
 import torch
 from torch import Tensor
 
+from .. import settings
 from ..diagnostics import DivergenceError
 from ..linalg import NotPSDError
 from ..monitor import Monitor
@@ -274,9 +275,11 @@ def learn_hyperparameters(
             except _Stop:
                 return "callback"  # the user's callback asked to stop; keep the best values
             except KeyboardInterrupt:
-                # Ctrl-C ends the learning, not the fit, once a point exists (issue 27): the solve runs with the
-                # best point found; a second Ctrl-C stops the fit. Ranks of a distributed fit would disagree.
-                if shard is not None or (needs_a_point and best.step == 0):
+                # Ctrl-C ends the learning, not the fit, once a point exists (settings.interrupted_learning): the
+                # solve runs with the best point found; a second Ctrl-C stops the fit. Ranks of a distributed fit
+                # would disagree on where they stopped, so there it always stops the fit.
+                stop_fit = settings.interrupted_learning.value() == "stop_fit"
+                if stop_fit or shard is not None or (needs_a_point and best.step == 0):
                     raise
                 return "interrupted"
             except (DivergenceError, NotPSDError) as exc:
