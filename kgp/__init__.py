@@ -28,13 +28,17 @@ from .options import merge_options as merge_options
 from .plugin import Centers, Problem, SelectionRequest, default_n_centers
 from .predictors import KernelExpansion
 from .registry import get_selector, get_solver, list_plugins, register, unregister
+from .safeguards import AccuracyWarning, CostWarning, InsufficientMemoryError
 
 __all__ = [
+    "AccuracyWarning",
     "Capabilities",
     "Centers",
     "ConvergenceWarning",
+    "CostWarning",
     "DivergenceError",
     "IllConditionedError",
+    "InsufficientMemoryError",
     "IterationInfo",
     "KernelClassifier",
     "KernelExpansion",

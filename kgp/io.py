@@ -183,6 +183,7 @@ def read_model(path: str | os.PathLike) -> dict[str, Any]:
         magic = fh.read(4)
     if magic != b"PK\x03\x04":  # torch.save writes a zip archive; anything else is someone else's file
         raise ModelFileError(f"{path}: not a kgp model file (not a torch zip archive)")
+    _check_declared_sizes(file, path)
     try:
         state = torch.load(file, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
@@ -214,6 +215,52 @@ def read_model(path: str | os.PathLike) -> dict[str, Any]:
                 f"{path}: checksum mismatch: the file was changed or corrupted after it was saved; refit and save again"
             )
     return state
+
+
+# torch.save stores every entry uncompressed; an entry that inflates more than this is no kgp file's
+_MAX_INFLATION = 16
+# entries a model file holds: one per tensor storage plus a few records (a few dozen in practice)
+_MAX_ENTRIES = 100_000
+
+
+def _check_declared_sizes(file: Path, path: Any) -> None:
+    """Refuse an archive whose entries declare more bytes than a kgp model file can hold, before reading them.
+
+    ``torch.save`` stores every entry uncompressed, so an entry's declared size equals its stored size and
+    the entries together are no larger than the file. A compressed entry that inflates many times over (a
+    zip bomb: a 1.5 MB file whose entries decompress to gigabytes) is refused from the sizes the central
+    directory declares, as is an archive that would decompress to more than the machine's available
+    memory (:func:`kgp.safeguards.available_memory`), before ``torch.load`` reads any entry.
+    """
+    import zipfile
+
+    from .safeguards import available_memory, format_bytes
+
+    try:
+        with zipfile.ZipFile(file) as archive:
+            entries = archive.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
+        raise ModelFileError(
+            f"{path}: cannot be read as a kgp model file: not one, or truncated or corrupted "
+            f"({type(exc).__name__}: {one_line(exc)})"
+        ) from None
+    if len(entries) > _MAX_ENTRIES:
+        raise ModelFileError(f"{path}: not a kgp model file: its archive lists {len(entries):,} entries")
+    declared = 0
+    for entry in entries:
+        declared += entry.file_size
+        if entry.file_size > _MAX_INFLATION * entry.compress_size + 4096:
+            raise ModelFileError(
+                f"{path}: refused: archive entry {entry.filename!r} declares {format_bytes(entry.file_size)} "
+                f"({entry.file_size:,} bytes) from {entry.compress_size:,} stored bytes; kgp model files store "
+                "their entries uncompressed, so this is not one (a decompression bomb?), and nothing was read"
+            )
+    available = available_memory()
+    if available is not None and declared > available:
+        raise ModelFileError(
+            f"{path}: refused: its entries declare {format_bytes(declared)} ({declared:,} bytes), more than the "
+            f"available memory ({format_bytes(available)}); nothing was read"
+        )
 
 
 def one_line(exc: BaseException) -> str:

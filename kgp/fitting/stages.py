@@ -269,11 +269,38 @@ def scale_inputs(rows: TrainingRows, normalize: bool) -> tuple[TrainingRows, Sca
     """
     if not normalize:
         return rows, None
-    mean = rows.column_mean(rows.X)
-    std = rows.column_std(rows.X, mean)
+    X = rows.X
+    # the squared deviations over- or underflow for features beyond ~1e154 or below ~1e-154 (float64): a
+    # column first divided by a power of two near its largest magnitude has them in range, and the power
+    # of two makes the division and the products below exact (ordinary columns are not divided at all)
+    unit = _column_units(X, rows.comm)
+    Xu = X if unit is None else X / unit
+    mean = rows.column_mean(Xu)
+    std = rows.column_std(Xu, mean)
+    if unit is not None:
+        mean, std = mean * unit, std * unit
     std = torch.where(std > 0, std, torch.ones_like(std))
     scaling = Scaling(mean, std)
-    return TrainingRows(scaling.apply(rows.X), rows.Y, rows.comm), scaling
+    return TrainingRows(scaling.apply(X), rows.Y, rows.comm), scaling
+
+
+def _column_units(X: Tensor, comm) -> Tensor | None:
+    """A power of two near each column's largest magnitude where squares of that magnitude would over- or
+    underflow ``X.dtype`` (1 for the other columns); None when no column needs one.
+
+    Distributed: from the mean over ranks of each rank's largest magnitude (one all-reduce of d numbers, on
+    every rank), within a factor ``world_size`` of the largest, so every rank divides by the same power.
+    """
+    info = torch.finfo(X.dtype)
+    local = X.abs().amax(0) if X.shape[0] > 0 else X.new_zeros(X.shape[1])
+    biggest = comm.all_reduce_(local / comm.world_size)
+    unit = torch.ones_like(biggest)
+    extreme = (biggest > info.max**0.25) | ((biggest < info.tiny**0.25) & (biggest > 0))
+    if not bool(extreme.any()):
+        return None
+    _, exponent = torch.frexp(biggest)
+    unit = torch.where(extreme, torch.ldexp(unit, exponent.to(X.dtype)), unit)
+    return unit
 
 
 def scale_targets(rows: TrainingRows, normalize: bool) -> tuple[TrainingRows, TargetScaling]:

@@ -41,6 +41,7 @@ from .fit_support import (
     _released_on_interrupt,
     _same,
     _short,
+    _warn_if_cast_collapses,
 )
 from .gp_quantities import GPQuantities
 from .sklearn_compat import SklearnProtocol, feature_names_of
@@ -177,6 +178,7 @@ class BaseKernelModel(GPQuantities, SklearnProtocol):
             _check_distributed_plugins(plan)
         feature_names = feature_names_of(X)
         dtype, device = resolve_dtype(self.dtype), check_device(self.device)
+        _warn_if_cast_collapses(X, dtype, feature_names)
         Xt = to_tensor(X, "X", ndim=(2,), dtype=dtype, device=device, allow_empty=channel is not None)
         if channel is None:
             Y, targets = self._encode_fit_targets(y, Xt)

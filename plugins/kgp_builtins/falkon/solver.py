@@ -23,6 +23,7 @@ from kgp.plugin import KernelExpansion, Problem
 from .cg import conjugate_gradient
 from .precision import DISTANCE_SWITCH, float32_jitter, kernel_resolution
 from .preconditioner import build_preconditioner
+from .sizes import check_factor_memory
 
 __all__ = ["AUTO_PRECOND_DTYPE", "FalkonSolver"]
 
@@ -187,6 +188,9 @@ class FalkonSolver:
         ------
         ValueError
             On missing centers or bad weights.
+        kgp.InsufficientMemoryError
+            (a MemoryError and ValueError) If the preconditioner's ``M x M`` factors need more memory than
+            the device has available (:mod:`.sizes`), before any of them is allocated.
         NotPSDError
             (:class:`kgp.linalg.NotPSDError`) If a factorization that must succeed fails, e.g.
             ``factorization="cholesky"`` on a rank-deficient ``K_MM``.
@@ -196,6 +200,8 @@ class FalkonSolver:
         opts = problem.options  # resolved by the core (kgp.resolve_options): validated, defaults filled in
         weights = self._check_problem(problem)
         dtype = problem.dtype
+        # the M x M factors are the one allocation no budget bounds: refused here, before any of them
+        check_factor_memory(problem.centers.points.shape[0], dtype, problem.device, opts)
         monitor = problem.monitor
         monitor.start(total=opts["maxiter"], desc="falkon")
 

@@ -21,6 +21,7 @@ from torch import Tensor
 import kgp
 from kgp import settings
 from kgp.learning import LearningProblem
+from kgp.safeguards import InsufficientMemoryError, check_memory
 
 from .gaussian_nll import gaussian_nll
 
@@ -67,6 +68,7 @@ class ExactObjective:
                 X, Y = problem.shard.take_rows(problem.X, rows), problem.shard.take_rows(problem.y, rows)
         else:
             X, Y = problem.X, problem.y
+        _check_sizes(problem, X, size, subset)
         count = Y.numel()
 
         def loss(noise: Tensor, mean: Tensor) -> Tensor:
@@ -85,3 +87,30 @@ class ExactObjective:
         # the value is averaged over these terms: -value * terms is the log marginal likelihood
         loss.terms = count
         return loss
+
+
+# S x S float64 arrays an evaluation holds at once: K, its Cholesky factor, C^{-1} and the gradient's terms
+_DENSE_ARRAYS = 5
+
+
+def _check_sizes(problem: LearningProblem, X: Tensor, size: int, subset: int | None) -> None:
+    """Refuse, before the first evaluation, a subset whose kernel rows or dense arrays cannot be held.
+
+    The loss fills ``K`` in row blocks under ``kgp.settings.memory_budget``; where not even one row of
+    ``size`` entries fits, the first evaluation without autograd (the final point's) would fail only after
+    the whole optimisation. The ``_DENSE_ARRAYS`` ``size x size`` arrays must fit the available memory.
+    """
+    where = f"learn_options['subset']={subset}" if subset is not None else f"all n={size} rows"
+    try:
+        problem.kernel_operator(X).block_rows()
+    except MemoryError as exc:
+        raise InsufficientMemoryError(
+            f"objective 'exact' on {size:,} rows ({where}): {str(exc).rstrip('.')}, or lower "
+            "learn_options['subset'] (the rows the likelihood is computed on); nothing was evaluated"
+        ) from None
+    check_memory(
+        _DENSE_ARRAYS * size * size * 8,
+        what=f"objective 'exact' on {size:,} rows ({where}): its {_DENSE_ARRAYS} dense {size:,} x {size:,} arrays",
+        remedy="lower learn_options['subset'], or use learn='sgpr'",
+        device=problem.device,
+    )
