@@ -367,7 +367,7 @@ class _PlainCG:
     """A third-party-style solver: plain CG on the Nystrom system through ``problem.kernel_operator`` only.
 
     It declares ``Capabilities(distributed=True)`` and does nothing else for it: the operator's
-    transposed products sum over the ranks (docs/plugin-author-guide.md, section 8).
+    transposed products sum over the ranks (docs/plugin-distributed.md).
     """
 
     capabilities = kgp.Capabilities(uses_centers=True, target="nystrom", distributed=True)

@@ -1,4 +1,5 @@
-"""docs/plugin-author-guide.md runs: every Python block in order, and the conformance classes it shows pass.
+"""docs/plugin-author-guide.md and its continuation pages run: every Python block in order, and the conformance
+classes they show pass.
 
 Blocks defining hook implementations (``@kgp.hookimpl``) run in a module of their own, registered
 with :func:`kgp.register` as a development install would be; the other blocks run in one shared
@@ -19,8 +20,11 @@ import kgp
 from kgp.testing import OracleSpec, check_solver, make_oracle_data
 from kgp.testing.support import skip_types
 
-GUIDE = Path(__file__).resolve().parents[1] / "docs" / "plugin-author-guide.md"
-TEXT = GUIDE.read_text()
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+# the guide and its continuation pages, in reading order: later blocks use names defined by earlier ones
+PAGES = [DOCS / name for name in ("plugin-author-guide.md", "plugin-contracts.md", "conformance-kit.md")]
+GUIDE = PAGES[0]
+TEXT = "\n".join(page.read_text() for page in PAGES)
 BLOCKS = re.findall(r"```python\n(.*?)```", TEXT, re.S)
 CONFORMANCE_CLASSES = re.findall(r"^class (Test\w+)\(", "\n".join(BLOCKS), re.M)
 

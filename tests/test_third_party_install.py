@@ -180,7 +180,7 @@ def test_pip_installed_plugin_works_by_name_is_listed_and_uninstalls(installed):
     assert rows["kmeans++"] == ["kmeans++", "selector", "kmeanspp", "kgp-example", "0.1.0"], listing
     assert rows["exact"][3] == "kgp"
 
-    # 3. The switches of docs/plugin-author-guide.md keep it out.
+    # 3. The switches of docs/plugin-loading.md keep it out.
     for switch in ({"KGP_DISABLE_ENTRYPOINTS": "1"}, {"KGP_PLUGINS": "exact,uniform"}):
         rows = _rows(_ok(_python(["-m", "kgp", "plugins"], _env(target, **switch), cwd)))
         assert "nystrom-direct" not in rows and "kmeans++" not in rows and "exact" in rows, switch
