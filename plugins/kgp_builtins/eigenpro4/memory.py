@@ -1,0 +1,74 @@
+"""What an ``eigenpro4`` fit holds in memory, estimated before any kernel evaluation, and the refusal above the budget.
+
+The fit keeps (all in the input dtype):
+
+- the expansion's points ``[Z; X_s; temporary centers]`` and their coefficients:
+  ``(M + s + C) x (d + k)``, C = T m the temporary centers' capacity;
+- on the centers: the accumulated values ``h`` of the temporary part (``M x k``), the tail average
+  (``M x k``) and ``K(Z, X_s) E`` (``M x q``) for the preconditioner's correction at the centers;
+- one step's kernel block ``K(X_b, [Z; X_s; temporaries])``, in row chunks of at most the budget;
+- the setup's dense blocks (the Nystrom subsample ``s x s``, the held-out curvature blocks, the
+  projection's own subsample), each sized within ``kgp.settings.memory_budget`` by their builders.
+
+Nothing is ``M x M``: that is O(M (d + k + q) + C (d + k) + chunk (M + s + C)). The persistent part
+must fit ``kgp.settings.memory_budget``; otherwise the fit is refused before any work, naming the
+number of centers and ``projection_period`` (the capacity C = T m is the other term that grows).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kgp import settings
+from kgp.options import InvalidOptionError
+
+from .options import OWNER
+
+__all__ = ["MemoryPlan", "plan_memory"]
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Sizes in bytes of what the fit holds (see the module docstring)."""
+
+    state: int
+    block: int
+    chunk: int
+    budget: int
+
+    @property
+    def total(self) -> int:
+        return self.state + self.block
+
+    def describe(self) -> str:
+        mib = 2.0**20
+        return (
+            f"{OWNER}: memory estimate {self.total / mib:.1f} MiB (state {self.state / mib:.1f} MiB, one step's "
+            f"kernel block {self.block / mib:.1f} MiB in chunks of {self.chunk} rows; "
+            f"budget {self.budget / mib:.0f} MiB)"
+        )
+
+
+def plan_memory(
+    *, n_centers: int, s: int, q: int, capacity: int, d: int, k: int, batch: int, itemsize: int, device
+) -> MemoryPlan:
+    """The :class:`MemoryPlan` of a fit.
+
+    Raises
+    ------
+    kgp.options.InvalidOptionError
+        When the state exceeds ``kgp.settings.memory_budget``, naming the centers and ``projection_period``.
+    """
+    budget = settings.memory_budget.value(device)
+    width = n_centers + s + capacity
+    state = itemsize * (width * (d + k) + n_centers * (2 * k + q) + s * (k + q))
+    # a step's block K(X_b, points) is formed in row chunks within the budget (at least one row)
+    chunk = max(1, min(batch, budget // (itemsize * width)))
+    block = itemsize * chunk * width
+    if state > budget:
+        raise InvalidOptionError(
+            f"{OWNER}: {n_centers} centers with {capacity} temporary centers (projection_period x batch_size) "
+            f"need {state / 2**20:.1f} MiB of state, more than kgp.settings.memory_budget = {budget / 2**20:.1f} MiB; "
+            "use fewer centers (n_centers), a smaller 'projection_period' or 'batch_size', or raise the budget"
+        )
+    return MemoryPlan(state=state, block=block, chunk=chunk, budget=budget)

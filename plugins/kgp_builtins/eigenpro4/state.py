@@ -1,0 +1,130 @@
+r"""The iterate of EigenPro 4 between two projections: the model on Z plus its temporary part.
+
+Between projections the function is
+
+    f = K(., Z) a + K(., X_s) c + K(., X_tmp) w
+
+(``a`` on the model's centers, ``c`` on the data preconditioner's Nystrom subsample X_s, ``w`` on the
+batches' rows appended as temporary centers). One buffer holds the points ``[Z; X_s; X_tmp]`` and
+one their coefficients, so that a step evaluates one kernel block against all of them. Two
+running vectors avoid kernel evaluations the step does not need:
+
+- ``h`` (M x k): the temporary part ``K(., X_s) c + K(., X_tmp) w`` evaluated at Z, the right-hand
+  side of the projection ``K(Z, Z) v = h``;
+- ``f_s`` (s x k): the whole ``f`` at X_s, which the preconditioned ridge term needs every step.
+
+Both are updated in closed form from the step's own products (``K(Z, X_b) g`` and ``K(X_s, X_b) g``
+come out of the block that gave the predictions) and ``K(Z, X_s) E`` / ``K(X_s, X_s) E`` formed once.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from kgp_builtins.eigenpro.nystrom import KernelOpFactory, NystromPreconditioner
+
+__all__ = ["DelayedState"]
+
+
+class DelayedState:
+    """Points, coefficients and the running ``h`` / ``f_s`` of one fit (see the module docstring).
+
+    Parameters
+    ----------
+    kop:
+        Kernel factory (``problem.kernel_operator``).
+    Z:
+        The model's centers (M x d).
+    pre:
+        The data preconditioner (its subsample X_s, ``Q_s = E diag(d) E^T``).
+    capacity:
+        Most temporary centers held before a projection (T m).
+    k:
+        Number of outputs.
+    chunk:
+        Rows per kernel block of a step (within the memory budget).
+    """
+
+    def __init__(self, kop: KernelOpFactory, Z: Tensor, pre: NystromPreconditioner, capacity: int, k: int, chunk: int):
+        M, s, d = Z.shape[0], pre.points.shape[0], Z.shape[1]
+        self.kop, self.pre, self.M, self.s, self.chunk = kop, pre, M, s, chunk
+        self.points = Z.new_empty(M + s + capacity, d)
+        self.points[:M] = Z
+        self.points[M : M + s] = pre.points
+        self.coef = Z.new_zeros(M + s + capacity, k)
+        self.used = M + s  # rows of points / coef in use: the centers, X_s, then the temporaries
+        self.h = Z.new_zeros(M, k)
+        if pre.q > 0:
+            self.ZE = kop(Z, pre.points) @ pre.E  # K(Z, X_s) E, M x q
+            self.SE = kop(pre.points, pre.points) @ pre.E  # K(X_s, X_s) E, s x q
+        self.f_s = Z.new_zeros(s, k)
+
+    @property
+    def Z(self) -> Tensor:
+        return self.points[: self.M]
+
+    @property
+    def alpha(self) -> Tensor:
+        """The coefficients on the centers (a view)."""
+        return self.coef[: self.M]
+
+    @property
+    def temporaries(self) -> int:
+        return self.used - self.M - self.s
+
+    def step(self, Xb: Tensor, yb: Tensor, eta: float, sigma2_n: float) -> float:
+        r"""One preconditioned step on the batch ``(X_b, y_b)``; returns the batch's sum of squared residuals.
+
+        With ``g = f(X_b) - y_b`` and the stochastic gradient (per-sample units, EigenPro 3 eq. 28 with
+        the ridge term) ``F = (1/m) K(., X_b) g + (sigma^2/n) f``, the step is ``f <- f - eta P_s F``
+        with ``P_s F = F - K(., X_s) Q_s F(X_s)`` (EigenPro 3 eq. 29-30, Lemma 5):
+
+        - every coefficient shrinks by ``1 - eta sigma^2 / n`` (the ridge part of F);
+        - the batch's rows join the temporary centers with coefficients ``-(eta/m) g``;
+        - ``c += eta Q_s r`` with ``r = F(X_s) = (1/m) K(X_s, X_b) g + (sigma^2/n) f(X_s)``.
+        """
+        m = Xb.shape[0]
+        width = self.used
+        pts, coef = self.points[:width], self.coef[:width]
+        g = torch.empty_like(yb)
+        grad = coef.new_zeros(self.M + self.s, coef.shape[1])  # K([Z; X_s], X_b) g
+        for start in range(0, m, self.chunk):
+            rows = slice(start, min(m, start + self.chunk))
+            K = self.kop(Xb[rows], pts).to_dense()
+            gc = torch.addmm(yb[rows], K, coef, beta=-1.0)
+            g[rows] = gc
+            grad.addmm_(K[:, : self.M + self.s].mT, gc)
+        sq = float(g.pow(2).sum())
+        gz, u = grad[: self.M], grad[self.M :]
+        r = u.div(m)
+        if sigma2_n:
+            r.add_(self.f_s, alpha=sigma2_n)
+            shrink = 1.0 - eta * sigma2_n
+            coef.mul_(shrink)
+            self.h.mul_(shrink)
+            self.f_s.mul_(shrink)
+        # the batch's rows as temporary centers
+        self.points[width : width + m] = Xb
+        self.coef[width : width + m] = g.mul(-eta / m)
+        self.used = width + m
+        self.h.add_(gz, alpha=-eta / m)
+        self.f_s.add_(u, alpha=-eta / m)
+        if self.pre.q > 0:
+            t = self.pre.d.unsqueeze(-1) * (self.pre.E.mT @ r)  # diag(d) E^T r, q x k
+            self.coef[self.M : self.M + self.s].addmm_(self.pre.E, t, alpha=eta)
+            self.h.addmm_(self.ZE, t, alpha=eta)
+            self.f_s.addmm_(self.SE, t, alpha=eta)
+        return sq
+
+    def room(self, m: int) -> bool:
+        """Whether ``m`` more temporary centers fit the buffer."""
+        return self.used + m <= self.points.shape[0]
+
+    def absorb(self, v: Tensor) -> None:
+        """After a projection ``v ~ K(Z, Z)^{-1} h``: ``a += v``, the temporary part dropped, ``f(X_s)`` recomputed."""
+        self.alpha.add_(v)
+        self.coef[self.M :].zero_()
+        self.used = self.M + self.s
+        self.h.zero_()
+        self.f_s = self.kop(self.pre.points, self.Z) @ self.alpha
