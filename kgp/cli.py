@@ -72,7 +72,7 @@ _CLI_WORDS = [
 ]
 
 # Advice to use float64 as the plugins' numerical errors give it ("..., or float64", "... or use float64",
-# "; use float64"): wrong after a float64 fit (issue 25: `--learn holdout` on 3 rows advised it), and
+# "; use float64"): wrong after a float64 fit (`--learn holdout` on 3 rows would advise it), and
 # spelled as the flag after a float32 one.
 _FLOAT64_ADVICE = re.compile(r",? or (?:use )?float64\b|;? ?\buse float64\b")
 

@@ -3,7 +3,7 @@
 Some CPUs process subnormal operands and results 10-100x slower than normal ones. Kernel matrices with short
 lengthscales hold entries near the smallest normal number, and a Cholesky multiplies them into subnormal
 range: LAPACK's ``potrf`` on UCI pumadyn32nm's float32 ``K_MM`` (M = 5,000) took 17.3 s against 1.2 s with
-the input and each panel flushed by kgp's own blocked loop (2-core Intel Xeon host, 2026-11-28). The CPU's
+the input and each panel flushed by kgp's own blocked loop (2-core Intel Xeon host). The CPU's
 flush-to-zero and denormals-are-zero modes (``torch.set_flush_denormal``) do the same inside LAPACK, but the
 mode is a per-thread register and torch only sets the calling thread's. :func:`flush_denormals` also sets it
 in the OpenMP threads that torch and MKL run on, by entering one parallel region of torch's own ``libgomp``

@@ -13,9 +13,9 @@ advice to disable that protection), unsupported versions, and contents changed a
 Writes are atomic (:func:`atomic_write`): the file is written beside its destination under a
 temporary name, flushed to disk, then renamed over the destination. An interrupted or failed save
 leaves the previous file as it was and no temporary file behind, and a process reading the file
-while another re-saves it gets the old model or the new one, never a part of either (issue 25:
-in-place writes lost the previous file to a Ctrl-C in 2 of 5 tries and gave concurrent readers an
-empty file on 17-23% of loads).
+while another re-saves it gets the old model or the new one, never a part of either (in-place writes
+lose the previous file to a Ctrl-C in 2 of 5 tries and give concurrent readers an empty file on 17-23%
+of loads).
 """
 
 from __future__ import annotations

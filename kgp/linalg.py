@@ -16,7 +16,7 @@ Public API for plugin authors (the built-ins use nothing else):
   ``out=``). On a CPU the Cholesky is MKL's ``potrf`` on the matrix's own memory (:mod:`kgp.torch_lapack`),
   under flush-to-zero where subnormal numbers must be kept out (:mod:`kgp.denormals`); elsewhere torch's
   routines and blocked loops do the work on any device. scipy's bundled OpenBLAS ``?lauum`` and ``?potrf``
-  crashed the process at M = 16,000 and n = 32,000 on the development host (issue 23).
+  crash the process at M = 16,000 and n = 32,000 on a 2-core development host, so they are not used.
 """
 
 from __future__ import annotations
@@ -55,10 +55,10 @@ __all__ = [
 _DENSE_EIGEN_SIZE = 64
 # Block of the blocked triangular solves: GEMMs of (n x 512) panels still run at the machine's GEMM rate,
 # and the diagonal blocks, multiplied whole (zeros included), waste less than at 1024 (one thread,
-# float64, 2026-11-25; benchmarks/bench_roofline.py). The block temporaries (n x 512) are a small
+# float64; benchmarks/bench_roofline.py). The block temporaries (n x 512) are a small
 # fraction of n x n.
 BLOCK = 512
-# The factorisations' own blocks, measured with two threads on the 2-core development host (2026-11-25,
+# The factorisations' own blocks, measured with two threads on a 2-core host (
 # n = 2,000 / 4,000 / 8,000, float64): the Cholesky took 0.050 / 0.297 / 2.11 s with 384-wide blocks
 # against 0.060 / 0.360 / 2.36 s with 512 and 0.055 / 0.348 / 2.51 s with 256 (float32: 0.030 / 0.161 /
 # 1.10 s against 0.034 / 0.167 / 1.12 s); L^T L, whose diagonal blocks are multiplied whole, 0.041 /
@@ -66,9 +66,9 @@ BLOCK = 512
 CHOLESKY_BLOCK = 384
 GRAM_BLOCK = 256
 # Where LAPACK cannot be called directly (kgp.torch_lapack), torch's potrf (on A's own memory: 0.62x the
-# blocked loop at n = 2,000 in both dtypes, 2026-11-27) is used up to this size and the blocked loop above it:
+# blocked loop at n = 2,000 in both dtypes) is used up to this size and the blocked loop above it:
 # torch's routine then also zeroes the other triangle against the memory order (docs/backend.md, "LAPACK in
-# place" and "The setup without copies").
+# place" and "The setup without copies" in docs/benchmarks/roofline.md).
 POTRF_MAX = 2048
 
 
@@ -266,9 +266,9 @@ def _potrf_in_place(A: Tensor, what: str, remedy: str) -> Tensor:
     A row-major ``A`` is, read column-major, ``A^T``: its upper triangle there is ``A``'s lower one, so the
     upper factor of ``A.mT`` (written into ``A.mT``, with the other triangle zeroed) is ``L`` in ``A``.
     Factoring a copy and copying ``L`` back (column-major, so a transposing copy) took 1.6-1.9x as long at
-    n = 2,000 (float32 26.6 against 16.5 ms, float64 40.5 against 25.3 ms; 2-core Intel Xeon host,
-    2026-11-27), as did the finiteness check of every entry: a NaN or infinity anywhere in the lower
-    triangle reaches a later pivot, so the diagonal is checked.
+    n = 2,000 (float32 26.6 against 16.5 ms, float64 40.5 against 25.3 ms; 2-core Intel Xeon host), as did
+    the finiteness check of every entry: a NaN or infinity anywhere in the lower triangle reaches a later
+    pivot, so the diagonal is checked.
     """
     if potrf_applies(A):
         info = potrf_lower(A)
@@ -291,7 +291,7 @@ def tiny_fraction(dtype: torch.dtype) -> float:
     (:func:`zero_small_entries`, ``cholesky_in_place(flush_below=...)``) so that no product of two kept
     entries is subnormal: some CPUs process subnormal operands 10-100x slower. kgp's kernels floor ``exp``
     near the dtype's smallest normal number, but the GEMMs of a factorization multiply such entries. On the
-    2-core Intel Xeon development host (2026-11-28, UCI parkinsons, short lengthscales) FALKON's float64
+    2-core Intel Xeon host (UCI parkinsons, short lengthscales) FALKON's float64
     setup at M = 4,700 took 78 s and the exact solver's float64 Cholesky at n = 4,700 took 22 s; flushed,
     2.3 s and 0.5 s. The change to the matrix is below 1e-150 of its scale in float64 (1e-19 in float32).
     """
@@ -317,7 +317,7 @@ def solve_lower_wide(L: Tensor, B: Tensor, *, block: int = 512) -> Tensor:
     products normal, but forward substitution multiplies small results by small entries again and again,
     and float32's subnormal range is reached within a few steps. EigenPro's curvature estimate on UCI
     pumadyn32nm (a 5,000 x 5,000 float32 factor, 2,000 right-hand sides) took 26 s in float32 against
-    0.38 s in float64, where the same chains stay normal (2-core Intel Xeon host, 2026-11-28; scaling the
+    0.38 s in float64, where the same chains stay normal (2-core Intel Xeon host; scaling the
     right-hand side by 2^64 still took 18 s). Float64 input runs the same loop: its right-hand side, each
     solved block row and the result are flushed below ``sqrt(tiny)`` of their largest entry. Block row by
     block row, so that the float64 temporaries are one ``block x M`` row of ``L`` and ``X`` itself; only the
@@ -330,7 +330,7 @@ def solve_lower_wide(L: Tensor, B: Tensor, *, block: int = 512) -> Tensor:
     X = B.to(wide, copy=True)
     # kernel columns floored near the smallest normal number (UCI parkinsons' short lengthscales) make
     # subnormal products in float64 too: this solve and the Gram matrices of its result took 22 s there,
-    # against 0.9 s flushed (2-core Intel Xeon host, 2026-11-28)
+    # against 0.9 s flushed (2-core Intel Xeon host)
     _flush_to_max(X)
     for s in range(0, M, block):
         e = min(s + block, M)
@@ -370,9 +370,9 @@ def zero_small_entries(X: Tensor, threshold: float, *, rows: int | None = None) 
     Keeps subnormal numbers out of float32 factorizations (see ``cholesky_in_place``'s ``flush_below``).
     ``threshold`` is rounded to ``X``'s dtype, as a comparison of ``X`` with it would be. One pass of
     ``torch.hardshrink`` written over ``X``, which zeroes ``|x| <= lambd``: ``lambd`` is the largest value
-    of the dtype below the threshold. It replaced a magnitude, a mask and a masked fill (three passes and
-    two temporaries): 0.19 s against 2.04 s for a 20,000 x 20,000 float32 matrix (2-core Intel Xeon host,
-    two passive threads, 2026-11-28). ``rows``: rows per call (None: all of ``X`` at once). No autograd:
+    of the dtype below the threshold. One pass instead of a magnitude, a mask and a masked fill (three passes
+    and two temporaries): 0.19 s against 2.04 s for a 20,000 x 20,000 float32 matrix (2-core Intel Xeon host,
+    two passive threads). ``rows``: rows per call (None: all of ``X`` at once). No autograd:
     ``X`` must not require grad (a flush is a numerical device, not part of a model).
     """
     lambd = float(torch.nextafter(torch.tensor(threshold, dtype=X.dtype), torch.tensor(0.0, dtype=X.dtype)))
@@ -444,8 +444,8 @@ def inverse_from_cholesky(
     """``A^{-1}`` (full, exactly symmetric) from the lower Cholesky factor ``L`` of ``A = L L^T``.
 
     ``W = L^{-1}`` by :func:`inverse_of_lower` (``n^3 / 3`` flops), then ``A^{-1} = W^T W`` by
-    :func:`gram_of_lower` (``n^3 / 3``). Measured on the 2-core development host (two threads, float64,
-    2026-11-25): 0.12 / 0.40 / 1.55 s at n = 2,000 / 3,000 / 5,000, against 0.23 / 0.65 / 2.98 s for
+    :func:`gram_of_lower` (``n^3 / 3``). Measured on a 2-core host (two threads, float64): 0.12 / 0.40 /
+    1.55 s at n = 2,000 / 3,000 / 5,000, against 0.23 / 0.65 / 2.98 s for
     ``cholesky_solve(I, L)`` and 0.24 / 0.45 / 2.05 s for ``cholesky_inverse`` (LAPACK ``?potri``); the three
     agree to 1e-14 relative. One ``n x n`` array besides the result's, none with ``overwrite`` (the inverse
     is formed in ``L``'s memory, which is returned: fresh ``n x n`` arrays cost their first touch, 15 ms a
@@ -469,7 +469,7 @@ def inverse_of_lower(L: Tensor, *, block: int = GRAM_BLOCK, overwrite: bool = Fa
     By block rows, as LAPACK's ``?trtri``: with ``D_i`` the inverse of diagonal block ``i``,
     ``W[i, :i] = -D_i (L[i, :i] W[:i, :i])``, where the product runs over the nonzero rows of each column
     block of ``W`` only (``n^3 / 3`` flops, all in GEMMs on views of ``L``). ``solve_triangular`` on the
-    trailing submatrices ``L[j:, j:]`` (used before 2026-11-28) did the same flops but copied each
+    trailing submatrices ``L[j:, j:]`` would do the same flops but copy each
     submatrix into LAPACK's order first, about ``n^3 / (3 block)`` entries (280 MB at n = 3,000): the
     largest fresh-memory cost of an ``exact`` learning step. ``overwrite``: ``W`` is formed in ``L``'s
     memory (block row ``i`` of ``W`` needs block row ``i`` of ``L`` and earlier rows of ``W`` only); its

@@ -115,7 +115,7 @@ class Monitor:
     @contextlib.contextmanager
     def stage(self, desc: str):
         """A bar without a step count (elapsed time only) for work that reports no iterations, e.g.
-        the variance pass of a GP fit (tens of seconds at large M that used to show nothing)."""
+        the variance pass of a GP fit (tens of seconds at large M that would otherwise show nothing)."""
         if not self.progress:
             yield
             return

@@ -10,7 +10,7 @@ read once at import, and can be changed either way::
 Threads (docs/guarantees.md). A ``with`` override is held in a :mod:`contextvars` variable, as
 scikit-learn's ``config_context`` and numpy's ``errstate`` hold theirs: another thread never sees it,
 so a block in one thread cannot change a fit running in another, and blocks interleaved across
-threads cannot leave a value behind (the old process-global override did both, issue 25). A thread
+threads cannot leave a value behind (a process-global override would do both). A thread
 started inside a block starts from the process default. A plain call inside a block sets the process
 default and, until the block ends, the block's value too.
 
@@ -307,14 +307,14 @@ fused_kernels = _Setting(
 ``"auto"`` (default): float32 single-column products with an RBF or Matern 3/2 / 5/2 kernel on a CUDA
 card with TF32 tensor cores (compute capability 8.0 on) form kernel tiles in registers, their distance
 part on the tensor cores in 3xTF32 (float32 accuracy), when Triton is installed (:mod:`kgp.operators.fused_gpu`:
-0.11-0.25x the blocked pass's time on an H200, 2026-11-28, docs/backend.md "Tensor cores for the fused
-pass"); otherwise the blocked pass, silently. ``"always"``: older cards too, with the distance part as an
+0.11-0.25x the blocked pass's time on an H200, docs/backend.md "On a GPU"); otherwise the blocked pass,
+silently. ``"always"``: older cards too, with the distance part as an
 FMA loop whose tile shape is tuned on first use (2-16 s), and a warning where Triton is not usable.
 ``"never"``: always the blocked pass. On the CPU, ``"auto"`` and ``"always"`` run FALKON's ``K^T (K v + w)``
 and ``K v`` (predictions) with an RBF or Matern 3/2, 5/2 kernel (float32 or float64, up to 16 columns) in a
 C loop compiled on first use
-(:mod:`kgp.operators.fused_cpu`: 0.21-0.70x the blocked pass's time on the 2-core development host,
-2026-11-28, docs/backend.md "A native CPU pass"); without a C compiler ``"auto"`` falls back silently and
+(:mod:`kgp.operators.fused_cpu`: 0.21-0.70x the blocked pass's time on a 2-core host,
+docs/backend.md "The native CPU pass"); without a C compiler ``"auto"`` falls back silently and
 ``"always"`` with a warning."""
 
 max_exact_size = _Setting("max_exact_size", _env_int("KGP_MAX_EXACT_SIZE", 20_000), _positive_int("max_exact_size"))

@@ -4,9 +4,9 @@
 is copied into LAPACK's order and back (1.6-1.9x the factorization at n = 2,000), and with ``out=`` on the
 transposed view (no copy) it zeroes the other triangle with a strided ``triu_`` that walks the matrix against
 its layout: 10 ms at n = 2,000, against 0.3-0.5 ms for a ``tril_`` in the matrix's own order (2-core Intel Xeon
-host, 2026-11-28). Called directly, MKL's ``potrf`` factors in place and the caller zeroes the triangle in
+host). Called directly, MKL's ``potrf`` factors in place and the caller zeroes the triangle in
 order: 0.52-0.83x the time of kgp's blocked loop at n = 2,000 to 10,000 in both dtypes (283-303 GFLOP/s in
-float32, 146-150 in float64, against a GEMM rate of 326 / 158; docs/backend.md, "The setup without copies").
+float32, 146-150 in float64, against a GEMM rate of 326 / 158; docs/benchmarks/roofline.md).
 
 torch's Linux x86 wheels link MKL statically into ``libtorch_cpu`` and export its LAPACK symbols
 (``spotrf_``, ``dpotrf_``; their integers are passed as 64-bit ones holding 32-bit values, which both LAPACK

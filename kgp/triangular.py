@@ -5,7 +5,7 @@ CG: four solves an iteration, :mod:`kgp_builtins.falkon.preconditioner`) is boun
 triangle from memory. LAPACK's ``?trsv`` / ``?trsm`` (MKL in torch's CPU wheels) split the solve into many
 small parallel steps; each ends with the threads waiting for one another, and with passive OpenMP threads
 (``OMP_WAIT_POLICY=PASSIVE``, which the kgp command, the Makefile and CI set, see README "Threads") every
-such wait is a sleep and a wake-up. On the 2-core Intel Xeon development host (2026-11-28, float64, one
+such wait is a sleep and a wake-up. On a 2-core Intel Xeon host (float64, one
 right-hand side, ``benchmarks/bench_triangular_solve.py``) MKL took 11-13.5 / 34 / 90-116 ms at M = 5,000 /
 10,000 / 20,000 with passive threads, against 2.4-2.9 / 13.5 / 51-53 ms with spinning ones, about the
 memory bound.
@@ -42,7 +42,7 @@ __all__ = ["SOLVE_BLOCK", "LowerFactor", "mixed_solve_error", "threads_sleep_whe
 
 SOLVE_BLOCK = 1024
 """Rows per block of :class:`LowerFactor`. Measured with one right-hand side and passive threads (2-core
-Intel Xeon, float64, 2026-11-28): 256 / 512 / 1024 rows took 91 / 71 / 63 ms at M = 20,000 (the lower
+Intel Xeon, float64): 256 / 512 / 1024 rows took 91 / 71 / 63 ms at M = 20,000 (the lower
 solve), 2048 rows 262 ms (the diagonal blocks' own products, ``b^2`` each, begin to dominate). The
 inverted blocks add ``M b`` entries to the factor's ``M^2`` (5% at M = 20,000)."""
 
@@ -66,7 +66,7 @@ class LowerFactor:
 
     Notes
     -----
-    Which solve runs (``benchmarks/bench_triangular_solve.py``, 2-core Intel Xeon, 2026-11-28, M = 2,000 to
+    Which solve runs (``benchmarks/bench_triangular_solve.py``, 2-core Intel Xeon, M = 2,000 to
     20,000, both dtypes, 1 / 2 / 8 columns): the block rows for one column with passive threads (0.19-0.66x
     LAPACK's time; with spinning threads they took 0.99-1.32x, so LAPACK's solve stays there), and for
     ``L^T X = B`` with two or more columns under either policy (0.34-0.93x with spinning threads, 0.46-0.89x

@@ -20,7 +20,7 @@ row blocks under ``kgp.settings.memory_budget``.
 
 The Nystrom factors of a float32 model are built and used in float64 (the inputs and the kernel are cast,
 the result is rounded back): the difference of two nearly equal quadratic forms in float32 put the std
-up to 13% off the float64 value (pol, 6,000 rows, M = 1,500; median 0.01%), 15-57% in issue 23's runs.
+up to 13% off the float64 value (pol, 6,000 rows, M = 1,500; median 0.01%), 15-57% on other UCI sets.
 The cost is the Gram pass ``K_Mn K_nM`` at the float64 rate (about 2x the float32 one) and 2 M^2 float64
 numbers.
 """
@@ -98,8 +98,8 @@ def exact_factors(kernel: gpytorch.kernels.Kernel, X: Tensor, noise: float) -> V
     Raises
     ------
     ValueError
-        If the dense ``n x n`` matrix exceeds ``kgp.settings.max_exact_size`` or ``memory_budget`` (issue 25:
-        ``return_std`` on an exact model ignored both).
+        If the dense ``n x n`` matrix exceeds ``kgp.settings.max_exact_size`` or ``memory_budget``
+        (``return_std`` on an exact model holds both, as its fit does).
     """
     check_dense_size(X.shape[0], X.element_size(), "return_std=True on an exact model", X.device)
     with torch.no_grad():
@@ -131,7 +131,7 @@ def nystrom_factors(
         S = kernel_operator(kernel, X, Z, shard=shard).gram().add_(kmm, alpha=noise)
         S = 0.5 * (S + S.T)  # kmm is symmetric only to rounding
         # up to 12 tenfold jitters, from eps to ~1e-5 of the mean diagonal: keggdirected's learned GP
-        # (M = 11,241, float64) still failed at the sixth (issue 23); a jitter that size moves the std of
+        # (M = 11,241, float64) still fails at the sixth; a jitter that size moves the std of
         # directions the centers cannot tell apart, which rounding already blurs
         remedy = "use fewer or better-spread centers (n_centers) or a larger noise"
         L = psd_cholesky(kmm, max_tries=12, what="K_MM of the centers", remedy=remedy)
@@ -176,8 +176,8 @@ def latent_variance(kernel: gpytorch.kernels.Kernel, Xq: Tensor, factors: Varian
             xq = Xq[sl].to(work)
             prior = kernel_operator(kernel, xq, xq).diagonal()
             # the stored points as the operator's columns: a stationary kernel centres distances on the
-            # columns' mean, which must not depend on the query batch (a far query row shifted it and
-            # cancelled every other row's variance to 0, issue 23)
+            # columns' mean, which must not depend on the query batch (a far query row would shift it and
+            # cancel every other row's variance to 0)
             kx = cross_kernel(kernel, xq, factors.points, prior)  # p x b
             v = torch.linalg.solve_triangular(factors.chol, kx, upper=False)
             var = prior - v.square().sum(0)

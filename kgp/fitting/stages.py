@@ -264,7 +264,7 @@ def scale_inputs(rows: TrainingRows, normalize: bool) -> tuple[TrainingRows, Sca
     """``normalize_X``: standardise each feature with the training rows' mean and standard deviation.
 
     A constant feature keeps the scale 1. Without it the kernel sees the inputs as given, and a feature
-    on a 1e-8 or 1e8 scale next to one of scale 1 makes every lengthscale start wrong (issue 27).
+    on a 1e-8 or 1e8 scale next to one of scale 1 makes every lengthscale start wrong.
     Distributed: the statistics of all ranks' rows.
     """
     if not normalize:
@@ -316,7 +316,7 @@ def scale_targets(rows: TrainingRows, normalize: bool) -> tuple[TrainingRows, Ta
     std = rows.column_std(Y, mean)
     if not (bool(torch.isfinite(mean).all()) and bool(torch.isfinite(std).all())):
         # the squared deviations overflow (|y| above ~1e154 in float64): std inf, every prediction NaN
-        # (issue 25); the caller can rescale, kgp cannot pick the constant for them
+        # the caller can rescale, kgp cannot pick the constant for them
         raise ValueError(
             f"y: normalize_y=True cannot standardize targets of magnitude {float(Y.abs().max()):.3g}: their "
             f"{'mean' if not bool(torch.isfinite(mean).all()) else 'standard deviation'} overflows "

@@ -7,9 +7,9 @@ Arguments are floored here instead: an entry below ``exp(EXP_FLOOR)`` (2.1e-19 i
 float64) becomes that value, far below what any sum it enters can resolve.
 
 float32's floor is about ``sqrt(tiny)`` (2^-63), not just above ``tiny``: a product of a floored entry with a
-vector entry below 2^-11 was subnormal at the former floor (e^-80, 2^-115), and FALKON's float32 ``K^T u``
-over UCI parkinsons' kernel (92% of its entries below 2^-63) took 17 ms a product against about 5 ms
-(2026-11-28, docs/backend.md). float64's stays at e^-700: its learned-GP results are sensitive to the
+vector entry below 2^-11 is subnormal at a floor of e^-80 (2^-115), and FALKON's float32 ``K^T u``
+over UCI parkinsons' kernel (92% of its entries below 2^-63) then took 17 ms a product against about 5 ms
+(docs/backend.md). float64's stays at e^-700: its learned-GP results are sensitive to the
 rounding of such changes (docs/gp-workflow.md), and no float64 product was measured slow.
 """
 

@@ -361,7 +361,7 @@ def kernel_parameters(kernel: gpytorch.kernels.Kernel) -> KernelParameters:
 
 # Matern 1/2 reads the distance through a square root, so the expanded form's absolute error in the
 # squared distance, about (d + 2) eps (|u|^2 + |v|^2), becomes sqrt of that near 0: 5e-4 in float32 on the
-# diagonal of K[i, j] blocks (issue 25). Pairs closer than this fraction of |u|^2 + |v|^2 are recomputed
+# diagonal of K[i, j] blocks. Pairs closer than this fraction of |u|^2 + |v|^2 are recomputed
 # from their differences; the rest keep a relative error of at most (d + 2) eps / _NEAR in a^2, i.e. an
 # absolute error of about 5 (d + 2) eps sqrt(|u|^2 + |v|^2) in the kernel value.
 _NEAR = 1e-2
@@ -417,7 +417,7 @@ def _wide_rows(rows: Tensor, cols: Tensor, sq_dist: Tensor, candidates: Tensor) 
     On UCI letter (EigenPro 3, 459 x 4,000 float32 blocks, near pairs in 58-79% of the rows) a whole block
     took 4.3-5.4 ms against 5.1-8.9 ms with the pair test and the recomputation of the pairs from their
     differences, and the block's largest error against float64 differences went from 1.4e-6 to 9e-8
-    (2-core Intel Xeon host, 2026-11-28).
+    (2-core Intel Xeon host).
     """
     d = rows.shape[1] - 2
     wide = torch.float64

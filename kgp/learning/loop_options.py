@@ -100,7 +100,7 @@ class ResolvedLearnOptions:
     """``learn_options`` validated once (by the fit plan): the loop's options and the objective's.
 
     :func:`~kgp.learning.loop.learn_hyperparameters` takes it in place of a dict and validates nothing
-    again (issue 24: every option is validated exactly once per fit).
+    again (every option is validated exactly once per fit).
     """
 
     loop: dict[str, Any]

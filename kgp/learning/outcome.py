@@ -1,7 +1,7 @@
 """How a learning run ended: the best point kept, and the warnings that say when it is not the natural end.
 
-Issue 23: a learning run must never return a point worse than the best it evaluated (``lr=50`` once went
-from -0.81 to 413,292 and R^2 from 0.996 to -0.10), and must say when it failed part-way, went astray, was
+A learning run never returns a point worse than the best it evaluated (with ``lr=50`` the last point can
+go from -0.81 to 413,292 and R^2 from 0.996 to -0.10), and says when it failed part-way, went astray, was
 interrupted, or had not converged at its budget (y on a 1e6 scale without ``normalize_y``: 0% coverage).
 """
 
@@ -20,7 +20,7 @@ __all__ = ["BestPoint", "report_learning", "still_falling", "white_noise_nll"]
 
 
 class BestPoint:
-    """The trained tensors at the lowest objective value evaluated so far (issue 23: never return worse)."""
+    """The trained tensors at the lowest objective value evaluated so far (a run never returns worse)."""
 
     def __init__(self, trained: list[Tensor]):
         self.trained = trained

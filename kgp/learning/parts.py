@@ -1,4 +1,4 @@
-"""The parts the learning loop trains, as GPyTorch modules (issue 24 item 7).
+"""The parts the learning loop trains, as GPyTorch modules.
 
 The kernel, a ``GaussianLikelihood`` (the noise, under ``GreaterThan(min_noise)``) and a ``ConstantMean``
 (one constant per output) in one module, so that GPyTorch's own ``named_priors()`` gives the priors of

@@ -88,7 +88,7 @@ class KernelRegressor(BaseKernelModel):
         Standardise the feature columns with the training mean and std (constant columns keep scale 1);
         ``predict`` and ``centers_`` take and give the user's units, while ``kernel_`` (its lengthscales)
         acts on the standardised columns (``posterior_.input_scaling`` holds the mean and std). None
-        (default): on when learning, where unscaled columns learned a constant predictor (issue 27).
+        (default): on when learning, where unscaled columns can learn a constant predictor.
 
     Attributes
     ----------

@@ -204,6 +204,6 @@ def autotuned(kernel, key: list[str], shapes=FMA_SHAPES):
     options = {}
     if "cache_results" in inspect.signature(triton.autotune).parameters:
         # the chosen shape goes to Triton's on-disk cache, so a later process compiles one config instead
-        # of compiling and timing six (12.9 s of a 15.7 s fit at n = 1e6, d = 28 on an H100, 2026-11-28)
+        # of compiling and timing six (12.9 s of a 15.7 s fit at n = 1e6, d = 28 on an H100)
         options["cache_results"] = True
     return triton.autotune(configs=configs, key=key, **options)(kernel)

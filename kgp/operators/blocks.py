@@ -19,16 +19,15 @@ __all__ = ["plan_block_rows", "row_slices", "CPU_BLOCK_BYTES", "ACCELERATOR_BLOC
 CPU_BLOCK_BYTES = 64 * 2**20
 """Preferred kernel-block size in bytes on the CPU.
 
-Measured with benchmarks/bench_block_size.py on a 2-core Intel Xeon development host (2026-11-27, quiet,
+Measured with benchmarks/bench_block_size.py on a 2-core Intel Xeon host (quiet,
 two threads, ``OMP_WAIT_POLICY=PASSIVE`` as the kgp command, the Makefile and CI set it): a streamed
-``K^T (K v)`` pass with 64 MiB blocks took 0.63-0.71x the time of the former 8 MB (cache-sized) blocks on
+``K^T (K v)`` pass with 64 MiB blocks took 0.63-0.71x the time of 8 MB (cache-sized) blocks on
 five shapes in both dtypes (n = 32,000-200,000, M = 500-20,000, d = 8-28); 32 and 128 MiB were 0.71-0.81x.
 The cost the larger block removes is per block, not per byte: every torch op of a block is a parallel
 region, and passive OpenMP threads sleep between regions, so their wake-up (tens of microseconds) was paid
 several times per block, thousands of blocks per pass. With spinning threads (``OMP_WAIT_POLICY`` unset)
 the 8 MB blocks were faster than with passive ones, and 64 MiB still 0.94x of them, so the larger block
-wins under both policies. (The 8 MB figure of 2026-11-22, measured when the pass made more separate
-sweeps over each block, had favoured cache residency.)"""
+wins under both policies (docs/benchmarks/kernel-pass.md)."""
 
 ACCELERATOR_BLOCK_BYTES = 256 * 2**20
 """Preferred kernel-block size in bytes on a device other than the CPU (a GPU).

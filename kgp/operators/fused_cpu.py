@@ -4,9 +4,9 @@ in memory.
 The blocked pass writes each block of ``K`` (the augmented distance GEMM), rewrites it (``clamp_``,
 ``exp2_``) and reads it twice (``K v``, ``K^T u``). With blocks larger than the cache (64 MiB, the fastest
 size on the 2-core development host because every torch operation on a block is a parallel region whose
-passive threads pay a wake-up, docs/backend.md "Rows per block") that memory traffic took the pass to 2.2x
-(float32) and 2.4x (float64) its distance-GEMM-plus-``exp`` bound at n = 32,000, M = 10,000, d = 8 (issue 26
-target 6). ``fused_cpu.c`` forms eight rows at a time in registers and a row-sized cache buffer, multiplies
+passive threads pay a wake-up, docs/benchmarks/kernel-pass.md) that memory traffic took the pass to 2.2x
+(float32) and 2.4x (float64) its distance-GEMM-plus-``exp`` bound at n = 32,000, M = 10,000, d = 8.
+``fused_cpu.c`` forms eight rows at a time in registers and a row-sized cache buffer, multiplies
 them by ``v`` and back while they are there, and runs each thread's share of the rows in one call. It is
 compiled on first use by the system's C compiler (``gcc`` or ``$CC``, ``-O3 -march=native``, or
 ``-march=$KGP_NATIVE_ARCH``; about 0.5 s)
@@ -38,7 +38,7 @@ The exponential is ``2^-(q/N) 2^f`` with ``q = round(-x N)``, ``|f| <= 1/(2N)``:
 permute) with ``floor(q/N)`` taken from its exponent bits, and ``2^f - 1`` a Taylor polynomial (degree 3 in
 float32, 7 or 8 in float64: remainder below 1/12 of the dtype's rounding), added as ``s + s (2^f - 1)`` in one
 fused rounding. Within one ``eps`` of ``2^x`` (the test measures 0.87 / 0.96 ``eps`` in float64 / float32),
-against the former reduction to ``|f| <= 1/2`` with degrees 14 / 7 it saves 7 / 4 of an entry's ~30
+against a reduction to ``|f| <= 1/2`` with degrees 14 / 7 it saves 7 / 4 of an entry's ~30
 multiply-adds. The GEMM's result is clamped as the blocked pass clamps it (``[EXP_FLOOR log2(e), 0]`` for
 RBF, ``a^2`` in ``[0, EXP_FLOOR^2]`` for Matern).
 """

@@ -26,17 +26,16 @@ path runs, with identical semantics):
 - one right-hand-side column (FALKON's conjugate-gradient loop, predictions);
 - ``x1`` and ``x2`` differ (on ``K(X, X)`` the blocked path sets the diagonal to exactly 1);
 - no stored ``K``. With the FMA loop, ``kernel_cache="auto"`` stores ``K`` under the budget and reads it
-  instead; the tensor-core form was faster than reading a stored ``K`` (H200, 2026-11-28: 3.5 against
+  instead; the tensor-core form was faster than reading a stored ``K`` (H200: 3.5 against
   4.8 ms at n = 200,000, M = 10,000, d = 8; 21.8 against 23.2 ms at n = 1e6, d = 28), so it never
   stores one, which also keeps the ``n x M`` matrix off the card;
 - no autograd.
 
-The default since 2026-11-28 (H200, float32, docs/backend.md "Tensor cores for the fused pass"): the
+Why it is the default (H200, float32, docs/benchmarks/gpu.md): the
 tensor-core form took 0.11-0.25x the blocked pass's time (RBF and Matern 5/2, d = 8 and 28, M = 2,000 to
 20,000), 1.85x the card's float32 GEMM bound at n = 1e6, M = 10,000, d = 28, and a FALKON fit of that
-problem 1.99 s against 3.00 s blocked, at the same test MSE. Before, with only the FMA loop, the fused
-pass was opt-in: 5.8x the GEMM bound at d = 28 and 2-16 s of tile-shape tuning in a machine's first
-process.
+problem 1.99 s against 3.00 s blocked, at the same test MSE. The FMA loop alone is not the default: 5.8x
+the GEMM bound at d = 28 and 2-16 s of tile-shape tuning in a machine's first process.
 
 ``TRITON_INTERPRET=1`` runs the kernels on the CPU through Triton's interpreter (tests only).
 """
@@ -67,13 +66,13 @@ _INT32_LIMIT = 2**31 - 1
 DOT_TILES = {"rows": (256, 64, 8), "cols": (128, 64, 4)}
 """Tile shape ``(BLOCK_N, BLOCK_M, warps)`` of the tensor-core kernels, fixed so that a first use compiles
 one variant and times none. ``benchmarks/bench_fused_tiles.py`` timed the six candidates on an H200
-(2026-11-28; RBF and Matern 5/2, d = 8, 20 and 28, M = 2,000 to 20,000): these two were within 1.05x
+(RBF and Matern 5/2, d = 8, 20 and 28, M = 2,000 to 20,000): these two were within 1.05x
 (rows) and 1.02x (columns) of the best shape on every problem; the next best were 1.24x and 1.16x."""
 
 DOT_MAX_DIM = 32
 """Widest augmented input (``d + 2``) the tensor-core kernels take; wider operators run the blocked pass.
 The rows kernel keeps a ``BLOCK_N x DPAD`` tile live across its loop, so the register use grows with
-``DPAD``. Only ``DPAD = 16`` and ``32`` were measured on a card (``DIM`` 10 to 30, 2026-11-28); ``DPAD = 64``
+``DPAD``. Only ``DPAD = 16`` and ``32`` were measured on a card (``DIM`` 10 to 30); ``DPAD = 64``
 is the next candidate to measure. At large ``d`` the distance GEMM dominates the pass anyway."""
 
 TENSOR_CORES = True

@@ -324,7 +324,7 @@ class StreamingProducts:
         ``(K v)^T = v^T K^T`` and ``(K^T u)^T = u^T K`` read each row-major block as one wide GEMM
         operand, where ``block.T @ inner`` with ``k > 1`` ran at a fifth of the memory rate with MKL: one
         pass over a stored 219,082 x 2,000 float32 ``K_nM`` took 0.26 s instead of 0.61 s with two or
-        eight columns (0.15 s with one; two threads, 2026-11-25, docs/backend.md). FALKON's residual
+        eight columns (0.15 s with one; two threads, docs/benchmarks/kernel-pass.md). FALKON's residual
         refresh and every multi-output fit pass several columns.
         """
         m, k = vs.shape

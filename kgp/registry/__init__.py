@@ -12,7 +12,7 @@ names are usable, which clash and what an unknown name's message says is the nam
 name make it unusable).
 
 Loading happens once, at first use, under a lock: a lookup from any thread waits until every
-plugin is loaded, and the loaded state is published only when complete (before, a second thread
+plugin is loaded, and the loaded state is published only when complete (otherwise a second thread
 could see the half-built plugin manager and report ``unknown solver 'exact'``). Runtime
 :func:`register` / :func:`unregister` and lookups take the same lock.
 """

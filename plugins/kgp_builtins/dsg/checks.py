@@ -2,14 +2,14 @@
 
 - :func:`scaled_inputs_checked`: the phases ``omega^T (x - c)`` of the random features must carry
   some precision, else every feature is rounding noise (inputs scaled by 1e30 with a unit
-  lengthscale gave predictions of 1e5 for targets of size 3; issue 12).
+  lengthscale would give predictions of 1e5 for targets of size 3).
 - :class:`LossTrace`: the training loss after every report, a :class:`kgp.DivergenceError` when it
   becomes non-finite or grows, and a :class:`kgp.ConvergenceWarning` when the run ends while the
   loss is still falling fast (criterion and its measurements in docs/solvers/dsg.md).
 - :func:`isolated_fraction` and :func:`warn_if_noisy_off_data`: a :class:`kgp.ConvergenceWarning`
   when the random-feature noise the model carries would dominate its predictions at new points,
   which happens when the training points are isolated at the kernel's lengthscale (rounded or
-  discrete features, small lengthscales; issue 12). The training fit is converged there, so the
+  discrete features, small lengthscales). The training fit is converged there, so the
   loss checks cannot see it.
 
 Messages go through :func:`kgp.diagnostics.diverged` / :func:`kgp.diagnostics.warn_not_converged`.
@@ -48,8 +48,8 @@ PHASE_TOL = 0.1
 
 # Gradient runs (no movement check): "far from converged" when the running training loss fell by
 # more than this fraction of its final value over the second half of the run, i.e. at least halved.
-# The conformance runs (100 passes, 3.8% from exact KRR) fall by 41-63%; the rounded-input run of
-# issue 12 (50 passes, R^2 -6.5) by 103% (docs/solvers/dsg.md, "Convergence check").
+# The conformance runs (100 passes, 3.8% from exact KRR) fall by 41-63%; a diverging rounded-input run
+# (50 passes, R^2 -6.5) by 103% (docs/solvers/dsg.md, "Checks").
 CONVERGENCE_TOL = 1.0
 
 # least_squares: "far from converged" when the fitted function on the training points still moved

@@ -1,11 +1,11 @@
 """The options of solver ``dsg``: one plain :class:`kgp.Option` table (``kgp plugins --options dsg``).
 
 Every option computed from the data when not given defaults to None; ``t0`` and ``gamma_max`` also
-accept their former spelling ``"auto"``, which :meth:`.solver.DSGSolver.check_options` turns into
+accept the alias ``"auto"``, which :meth:`.solver.DSGSolver.check_options` turns into
 None. docs/solvers/dsg.md explains each option and the measurements behind the defaults. Notes on
 the less obvious ones:
 
-``t0`` / ``gamma_max`` (None, or the former spelling "auto")
+``t0`` / ``gamma_max`` (None, or the alias "auto")
     ``gamma_t = theta / (t + t0)``; t0 None is ``max(0, theta / gamma_max - 1)``, so that the first
     step is ``gamma_max``; gamma_max None is ``min(1 / (lambda_1 + s / m), r m / (n s))`` (not in
     the paper; see :meth:`.solver.DSGSolver._gamma_max`).
@@ -30,7 +30,7 @@ __all__ = [
 
 # Defaults of the None options (measured on the UCI sweep; docs/solvers/dsg.md, "Defaults"):
 # least_squares draws 512 features per step on all n points and 20 min(n, 5000) features in all;
-# gradient keeps the former 64 features, batches of 256 and 10 passes.
+# gradient takes 64 features, batches of 256 and 10 passes (the plain step's own defaults).
 LS_FEATURES = 512
 LS_FEATURES_PER_POINT = 20
 LS_POINTS_CAP = 5000

@@ -11,7 +11,7 @@ minibatch of data points and a block of random features per step; Algorithm 2 (p
 
 Two update rules (option ``update``; docs/solvers/dsg.md):
 
-- ``"least_squares"`` (default since issue 12): the preconditioned step of the paper's Sec. 4
+- ``"least_squares"`` (default): the preconditioned step of the paper's Sec. 4
   remark ("estimate an empirical covariance for preconditioning"): step t's block is the ridge
   least-squares fit ``a_t = (Phi_t^T Phi_t / m + rho I)^-1 Phi_t^T (y_B - f_t(X_B)) / m`` of the
   residual by its r features (:func:`.least_squares.solve_block`), ``rho = nu T``: one sweep of
@@ -110,7 +110,7 @@ class DSGSolver:
     capabilities = kgp.Capabilities(target="mean_only", distributed=True, partial_fit=True)
 
     def check_options(self, options: dict[str, Any]) -> dict[str, Any]:
-        """One spelling for "computed from the data": the former ``"auto"`` of t0 and gamma_max becomes None."""
+        """One spelling for "computed from the data": the alias ``"auto"`` of t0 and gamma_max becomes None."""
         for name in ("t0", "gamma_max"):
             if options[name] == "auto":
                 options[name] = None
@@ -134,7 +134,7 @@ class DSGSolver:
         if passes is None:
             update = previous.schedule.get("update", "gradient") if previous is not None else opts["update"]
             gradient = update == "gradient"
-            passes = 1 if gradient else opts["passes"]  # gradient: one pass per chunk, as before issue 12
+            passes = 1 if gradient else opts["passes"]  # gradient: one pass per chunk (Algorithm 1 streams)
         return self._run(problem, previous, opts, passes)
 
     # ------------------------------------------------------------------------------------------ internals
@@ -206,7 +206,7 @@ class DSGSolver:
         m = min(opts["batch_size"] or (n if least_squares else GRADIENT_BATCH), n)
         if passes is None:
             # least_squares: D = 20 min(n, 5000) features in all, one step per pass with m = n
-            # (docs/solvers/dsg.md, "Defaults"); gradient: the former fixed 10 passes.
+            # (docs/solvers/dsg.md, "Defaults"); gradient: a fixed 10 passes.
             passes = max(1, math.ceil(LS_FEATURES_PER_POINT * min(n, LS_POINTS_CAP) / r)) if least_squares else 10
         if previous is not None:
             if previous.features_per_step != r:

@@ -24,7 +24,7 @@ __all__ = ["SOLVE_BALANCE", "features_fit", "features_pay", "whitened_features"]
 
 SOLVE_BALANCE = 25
 """Flops a triangular solve with few right-hand sides could do in the time it reads one entry of the factor:
-the GEMM rate times the itemsize over the memory rate (2-core AMD EPYC host, 2026-11-28: float32
+the GEMM rate times the itemsize over the memory rate (2-core AMD EPYC host: float32
 190 GFLOP/s x 4 B / 30 GB/s = 25, float64 98 x 8 / 30 = 26). A step's two solves with ``k`` columns cost
 about ``2 p^2 max(k, SOLVE_BALANCE)`` flop-equivalents, ``Phi`` costs ``n p^2``."""
 
@@ -43,7 +43,7 @@ def features_pay(epochs: int, batch: int, k: int) -> bool:
     """Whether forming ``Phi`` (``n p^2`` flops) costs less than the solves it saves: ``E n / m`` steps of
     two solves with ``k`` columns, ``2 p^2 max(k, SOLVE_BALANCE)`` each, i.e. ``2 E max(k, 25) >= m``.
 
-    Measured (15-set sweep, 2026-11-28, AMD EPYC host, every set with ``Phi`` against the code before):
+    Measured (15-set sweep, AMD EPYC host, every set with ``Phi`` against the per-step kernel blocks):
     kin40k (m = 589, k = 1; the rule: no) 1.04-1.06x the time, pumadyn32nm (m = 3,237: no) 1.02-1.12x,
     protein / tamielectric / keggdirected / pol / bike (m = 313-362: yes) 0.68-0.82x, letter (m = 459,
     k = 26: yes) 0.56x.

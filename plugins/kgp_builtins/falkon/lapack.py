@@ -6,8 +6,8 @@
 - :func:`pivoted_cholesky` is the truncated pivoted Cholesky behind ``factorization="pivoted"`` (scipy's
   LAPACK ``?pstrf`` on the CPU; torch has none).
 
-scipy's ``?lauum`` + ``?potrf`` built ``A`` before: the bundled OpenBLAS ``?lauum`` crashed the process
-(SIGSEGV) at M = 16,000 and took 5.8-46 s at M = 12,000-16,000 on the development host (issue 23).
+scipy's ``?lauum`` + ``?potrf`` are not used: the bundled OpenBLAS ``?lauum`` crashes the process
+(SIGSEGV) at M = 16,000 and took 5.8-46 s at M = 12,000-16,000 on a 2-core host.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What float32 kernel passes can resolve, and the choices FALKON makes from it (issue 12 measurements).
+"""What float32 kernel passes can resolve, and the choices FALKON makes from it.
 
 FALKON on float32 inputs keeps its kernel blocks in float32 (half the memory traffic and the fast
 ``exp2``), but three things must not stay in float32 (docs/solvers/falkon.md, "float32"):
@@ -18,7 +18,7 @@ FALKON on float32 inputs keeps its kernel blocks in float32 (half the memory tra
    passes and the predictor compute distances in float64 (``kernel_operator(...,
    distance_dtype=torch.float64)``), which brings it to ~1e-7.
 3. **The factorization.** ``K_MM`` (evaluated in float64) is factored with a jitter above the float32
-   resolution of the passes (:func:`float32_jitter`) instead of the former truncated ``eigh``
+   resolution of the passes (:func:`float32_jitter`), not by a truncated ``eigh``
    (3-4x the fit time at M = 5,000); the jitter changes the preconditioner only, not the
    solution (``Preconditioner.regulariser`` removes it from the problem). The factorizations may run
    in float32 (``precond_dtype="mixed"``, the float32 default) as long as the factors are applied in

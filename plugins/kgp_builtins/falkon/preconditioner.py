@@ -21,9 +21,9 @@ Numerics (see docs/solvers/falkon.md for the measurements behind these choices):
   regulariser (:meth:`Preconditioner.regulariser`) takes the jitter out of the problem again, so it
   changes the conditioning of ``W`` only. If the Cholesky still fails (a user-set tiny jitter on a
   rank-deficient ``K_MM``, e.g. duplicate centers) the eigendecomposition of Example 2 takes over.
-  The former float32 path (a truncated ``eigh`` whenever ``K_MM`` had eigenvalues below float32
-  resolution) cost 3-4x the fit time at M = 5,000 and is no longer needed: the float32 failures it
-  worked around came from float32 sums in the kernel passes (:mod:`.precision`).
+  float32 inputs do not need a truncated ``eigh`` whenever ``K_MM`` has eigenvalues below float32
+  resolution (3-4x the fit time at M = 5,000): the float32 failures it would work around come from
+  float32 sums in the kernel passes (:mod:`.precision`).
 - ``factorization="pivoted"``: a pivoted Cholesky (LAPACK ``?pstrf``) that stops at pivots below
   ``rcond`` times the top eigenvalue; the dropped centers get ``alpha = 0`` and ``Q`` of Def. 3 is
   the column selection of the kept ones. ``O(M q^2)``: for large M with a low numerical rank.
@@ -375,7 +375,7 @@ TINY_FRACTION = 2.0**-63
 product of two kept entries is subnormal. Subnormal operands and results make the float32 GEMMs inside the
 factorizations slow on some CPUs: on bike (M = 5,000, short lengthscales, so K_MM holds values down to
 e^-700 that float32 rounds into the subnormal range) the mixed-precision setup took 15.3 s on a 2-core Intel
-Xeon against 1.4 s for the float64 one (2026-11-27). The change to a matrix is below 1e-19 of its scale,
+Xeon against 1.4 s for the float64 one, unflushed. The change to a matrix is below 1e-19 of its scale,
 under float32's own rounding (6e-8) by eleven orders of magnitude."""
 
 
@@ -388,7 +388,7 @@ def factor_flush(M: int) -> float:
     larger threshold also cuts the chains of ever smaller values inside the panels' triangular solves,
     whose subnormal intermediates :data:`TINY_FRACTION` alone left: on UCI bike (M = 5,000, short
     lengthscales) the float32 setup took 1.7-2.3 s against 1.3-1.5 s with ``eps32 / M``, and 1.0-1.2 s
-    with flush-to-zero in every thread (2-core Intel Xeon host, 2026-11-28; docs/solvers/falkon.md).
+    with flush-to-zero in every thread (2-core Intel Xeon host; docs/solvers/falkon.md).
     """
     return max(TINY_FRACTION, torch.finfo(torch.float32).eps / M)
 

@@ -19,7 +19,7 @@ The noise starts at ``INITIAL_NOISE_FRACTION`` of the (standardised) targets' va
 starting noise (softplus(0) = 0.69) for unit-variance targets, not at the model's ``noise`` (1e-2, the
 kernel ridge default). From 1e-2 Adam settled in a worse optimum on the noisy sets: a near-interpolating
 fit with short lengthscales (exact likelihood on the same 3,000 rows, per point, and test RMSE with
-FALKON at M = 3,000; 2026-11-25, /tmp runs recorded in docs/benchmarks/gp-default.md):
+FALKON at M = 3,000; runs recorded in docs/benchmarks/gp-default.md):
 
 =========  ======================  ======================  =======================================
 set        start 1e-2              start 0.7 var(y)        learned noise (1e-2 -> 0.7 start)
@@ -34,8 +34,8 @@ Solving (``solver="auto"``): the exact solve while the dense ``n x n`` matrix fi
 and ``kgp.settings.max_exact_size``; above, FALKON on uniform centers, as many as the budget holds
 (:func:`nystrom_centers`), up to ``MAX_CENTERS`` and at most ``sqrt(MAX_VARIANCE_FLOPS / n)``: the
 variance a learned GP builds at fit sums ``K_nM^T K_nM``, ``n M^2`` flops, which at M = 15,000 on
-airline's 219,000 rows (4.9e13 flops) alone would take most of the 15-minute target on 2 cores (issue 23),
-while airline's test error stopped improving at M = 8,000 (issue 27).
+airline's 219,000 rows (4.9e13 flops) alone would take most of a 15-minute fit on 2 cores, while
+airline's test error stopped improving at M = 8,000.
 """
 
 from __future__ import annotations
