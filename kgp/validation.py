@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from numbers import Integral, Real
 from typing import Any
 
@@ -126,9 +127,14 @@ def to_tensor(
         if array.dtype == np.float16:
             raise TypeError(f"{name}: float16 is not supported; use float32 or float64")
         array = np.ascontiguousarray(array)
-        if not array.flags.writeable:  # e.g. a read-only memmap: torch cannot share non-writable memory
-            array = array.copy()
-        tensor = torch.from_numpy(array)
+        if array.flags.writeable:
+            tensor = torch.from_numpy(array)
+        else:
+            # a read-only array (a .npy opened with mmap_mode="r") is shared, not copied: kgp never writes
+            # into its inputs, and a copy would hold a second n x d array in memory for the whole fit
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+                tensor = torch.from_numpy(array)
     if tensor.dtype in (torch.float16, torch.bfloat16):
         raise TypeError(f"{name}: {tensor.dtype} is not supported; use float32 or float64")
     if tensor.is_complex():
@@ -153,7 +159,26 @@ def to_tensor(
     target = dtype or (tensor.dtype if is_float else torch.float64)
     tensor = tensor.to(device=device if device is not None else tensor.device, dtype=target)
     if is_float or target != tensor.dtype:
-        if not bool(torch.isfinite(tensor).all()):
-            bad = int((~torch.isfinite(tensor)).sum())
-            raise ValueError(f"{name}: contains {bad} NaN or infinite value(s)")
+        _check_finite(tensor, name)
     return tensor
+
+
+_FINITE_BLOCK = 1 << 20
+"""Elements per block of the finiteness count (8 MB of float64)."""
+
+
+def _check_finite(tensor: Tensor, name: str) -> None:
+    """Raise ValueError naming ``name`` if ``tensor`` holds a NaN or an infinity.
+
+    NaN and infinities propagate through a sum, so a finite sum proves every element finite without the
+    temporaries of ``torch.isfinite`` (an ``abs`` as large as the input on the CPU); only a sum that is not
+    finite (a bad value, or finite values that overflow) is followed by the exact count, block by block.
+    """
+    if tensor.numel() == 0 or bool(torch.isfinite(tensor.sum())):
+        return
+    flat = tensor.reshape(-1)
+    bad = sum(
+        int((~torch.isfinite(flat[lo : lo + _FINITE_BLOCK])).sum()) for lo in range(0, flat.numel(), _FINITE_BLOCK)
+    )
+    if bad:
+        raise ValueError(f"{name}: contains {bad} NaN or infinite value(s)")

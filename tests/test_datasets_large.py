@@ -131,3 +131,56 @@ def test_default_lengthscales_and_excess():
 def test_bad_arguments_are_refused(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+# ---------------------------------------------------------------------- fitting from disk
+def test_read_only_memmap_is_shared_not_copied(tmp_path):
+    import torch
+
+    from kgp.validation import to_tensor
+
+    X_mem, _ = PriorDraw(3, seed=0, n_features=8).sample(2000, X_out=tmp_path / "X.npy", y_out=tmp_path / "y.npy")
+    del X_mem
+    X = np.load(tmp_path / "X.npy", mmap_mode="r")
+    assert not X.flags.writeable
+    Xt = to_tensor(X, "X", ndim=(2,), dtype=None, device=None)
+    assert Xt.data_ptr() == X.ctypes.data  # the file's pages, not a copy
+    np.testing.assert_array_equal(Xt.numpy(), X)
+    # a conversion copies once, straight into the fit's dtype
+    X32 = to_tensor(X, "X", ndim=(2,), dtype=torch.float32, device=None)
+    assert X32.dtype == torch.float32 and X32.data_ptr() != X.ctypes.data
+
+
+def test_fit_from_a_memory_mapped_file_equals_the_fit_in_memory(tmp_path):
+    import kgp
+
+    draw = PriorDraw(3, seed=1, n_features=64)
+    draw.sample(1500, X_out=tmp_path / "X.npy", y_out=tmp_path / "y.npy")
+    X, y = np.load(tmp_path / "X.npy", mmap_mode="r"), np.load(tmp_path / "y.npy", mmap_mode="r")
+    X_test, _ = draw.sample(200, split="test")
+    options = {"n_centers": 100, "noise": 0.01, "lengthscale": 1.5, "random_state": 0}
+    on_disk = kgp.KernelRegressor("rbf", **options).fit(X, y)
+    in_memory = kgp.KernelRegressor("rbf", **options).fit(np.array(X), np.array(y))
+    np.testing.assert_array_equal(on_disk.predict(X_test), in_memory.predict(X_test))
+    np.testing.assert_array_equal(np.load(tmp_path / "X.npy"), X)  # the file is untouched
+
+
+def test_finiteness_check_needs_no_full_size_temporaries(monkeypatch):
+    """The check of a finite input never builds an input-sized mask (torch.isfinite's ``abs`` on the CPU)."""
+    import torch
+
+    from kgp import validation
+
+    seen = []
+    real = torch.isfinite
+    monkeypatch.setattr(torch, "isfinite", lambda t: seen.append(t.numel()) or real(t))
+    X = np.random.default_rng(0).standard_normal((3000, 4))
+    validation.to_tensor(X, "X", ndim=(2,), dtype=None, device=None)
+    assert seen and max(seen) == 1
+    # finite values whose sum overflows are accepted; a NaN or an infinity is counted
+    big = np.full((4, 2), 1e308)
+    assert validation.to_tensor(big, "X", ndim=(2,), dtype=None, device=None).shape == (4, 2)
+    bad = X.copy()
+    bad[5, 1], bad[2999, 3] = np.nan, -np.inf
+    with pytest.raises(ValueError, match="X: contains 2 NaN or infinite"):
+        validation.to_tensor(bad, "X", ndim=(2,), dtype=None, device=None)
