@@ -13,8 +13,8 @@ export OMP_WAIT_POLICY ?= PASSIVE
 # The numerical part of the suite: kernel operators, linear algebra, exact oracles, FALKON, EigenPro, DSG,
 # BLESS, predictive variance, learning, float32, distributed fits and the fingerprints. CI runs it a
 # second time under NUMERIC_ENV, another MKL code path and thread count than the default run's, so that
-# a tolerance that holds only for one CPU's rounding fails here rather than on a user's host (issue 25:
-# a CG iteration count and an ill-conditioned oracle moved between an AVX2 and an AVX-512 host).
+# a tolerance that holds only for one CPU's rounding fails here rather than on a user's host (a CG
+# iteration count and an ill-conditioned oracle can move between an AVX2 and an AVX-512 host).
 NUMERIC_TESTS ?= tests/test_operator.py tests/test_operator_linop.py tests/test_linalg.py \
 	tests/test_exact_oracles.py tests/test_exact_memory.py tests/test_falkon.py tests/test_eigenpro.py \
 	tests/test_dsg.py tests/test_bless.py tests/test_gp_predict.py tests/test_learning.py \

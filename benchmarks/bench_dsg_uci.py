@@ -1,4 +1,4 @@
-"""Benchmark: ``dsg`` with its default options against FALKON on the 15-set UCI sweep (issue 12).
+"""Benchmark: ``dsg`` with its default options against FALKON on the 15-set UCI sweep.
 
 Protocol (``benchmarks/uci.py``): the seeded 80/20 split, z-scored; learned ARD-RBF hyperparameters
 from ``uci_hyperparameters.json``; fit on ``y - mean`` with ``noise``, the mean added back. The
@@ -7,7 +7,7 @@ its float64 test RMSE is the accuracy reference, its fit time in the same dtype 
 Both run in this process, one after the other, so the time ratio is comparable across machines.
 
 Prints one row per set and dtype: RMSE ratio ``dsg / falkon64`` and time ratio ``dsg / falkon``;
-the targets of issue 12 are RMSE ratio <= 1.15 within time ratio <= 3.
+the targets are RMSE ratio <= 1.15 within time ratio <= 3.
 
     flock /tmp/kgp-bench.lock env OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 KGP_DISABLE_ENTRYPOINTS=1 \
         .venv/bin/python benchmarks/bench_dsg_uci.py [--sets yacht,energy] [--dtypes float64,float32]

@@ -1,6 +1,6 @@
 """EigenPro 3.0 (`eigenpro`) vs FALKON at the same centers: accuracy, time per epoch, convergence.
 
-Issue 5's benchmark, scaled to the 2-core development machine:
+The EigenPro 3 paper's kind of benchmark, scaled to a 2-core machine:
 
 1. One-vs-all classification ({-1, +1} targets, argmax) on ../shared/data/letter.npz (26 classes,
    seeded 80/20 split, z-scored) and mnist_5k.npz (10 classes, 80/20, pixels / 255), Laplacian and

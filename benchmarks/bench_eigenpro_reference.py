@@ -1,6 +1,6 @@
 """kgp ``eigenpro`` against the EigenPro3 reference code, on the reference's own kind of setting.
 
-Setting (issue 12): UCI letter (``shared/data/letter.npz``, 26 classes, seeded 80/20 split,
+Setting: UCI letter (``shared/data/letter.npz``, 26 classes, seeded 80/20 split,
 z-scored), one-vs-all targets (one-hot columns), Laplacian kernel ``exp(-||x - z|| / 2)``,
 p = 4,000 uniform random training points as centers (the same for both), 10 epochs, float32,
 CPU. Both are timed in this one process run, one after the other; the table prints the fit

@@ -1,6 +1,6 @@
 """``eigenpro`` with default options against FALKON at the same centers on the 15 shared UCI sets.
 
-Protocol (issue 12, :mod:`uci`): the seeded 80/20 z-scored split, the cached GPyTorch ExactGP
+Protocol (:mod:`uci`): the seeded 80/20 z-scored split, the cached GPyTorch ExactGP
 ARD-RBF hyperparameters (``uci_hyperparameters.json``), targets ``y - mean`` with ``noise``, the
 mean added back to predictions. FALKON (defaults) picks ``M = min(5000, n_train)`` uniform centers
 (``random_state=0``); eigenpro (defaults) gets the same centers (``centers=falkon.centers_``).
@@ -8,8 +8,8 @@ mean added back to predictions. FALKON (defaults) picks ``M = min(5000, n_train)
 Per set and dtype the table prints the test RMSE of eigenpro, its ratio to float64 FALKON's RMSE
 (the accuracy reference), eigenpro's fit time and its ratio to FALKON's fit time in the same dtype,
 both measured in this process one after the other (the machine is shared: read the ratios), plus
-what eigenpro chose (batch, Nystrom q, epochs run) and whether it warned. Targets of issue 12:
-RMSE ratio <= 1.05, time ratio <= 2.
+what eigenpro chose (batch, Nystrom q, epochs run) and whether it warned. Targets: RMSE ratio <= 1.05,
+time ratio <= 2.
 
 Usage (one command)::
 

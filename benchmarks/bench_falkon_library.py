@@ -1,6 +1,6 @@
 """kgp's FALKON against the FALKON library (``falkon`` 0.9.0) in one process on the airline problem.
 
-Issue 26, target 4: kgp's FALKON at least 10x faster than the FALKON library 0.9 on the airline problem,
+Target: kgp's FALKON at least 10x faster than the FALKON library 0.9 on the airline problem,
 in the same run, at equal test MSE. The problem is the one of ``bench_falkon.py`` (its ``load_airline``
 is imported): ../shared/data/airline_nycflights13.npz, seeded 80/20 split, features and target z-scored
 with training statistics, Gaussian kernel exp(-||x - z||^2 / (2 sigma^2)) with sigma = 1 in both

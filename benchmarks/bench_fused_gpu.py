@@ -6,13 +6,13 @@ For each shape (n x M x d) and kernel family, in float32: one FALKON pass ``K^T 
 * fused: the Triton kernels of :mod:`kgp.operators.fused_gpu` (tiles in registers), with the distance
   part on the tensor cores (3xTF32, the default on compute capability 8.0 and up);
 * FMA loop: the same kernels with the distance part as an FMA loop on the CUDA cores
-  (``fused_gpu.TENSOR_CORES = False``, the only form before 2026-11-28);
-* blocked: ``kgp.settings.fused_kernels("never")``, 256 MiB blocks (the previous default);
+  (``fused_gpu.TENSOR_CORES = False``, what ``fused_kernels("always")`` runs on older cards);
+* blocked: ``kgp.settings.fused_kernels("never")``, 256 MiB blocks;
 * stored: ``kernel_cache("auto")`` with K kept on the card, where it fits the card's free memory
   (the pass is then two reads of K).
 
 Also printed: the distance GEMM's time at the card's measured ``torch.mm`` rate (``2 n M (d + 2)``
-flops; the GEMM bound of issue 26 target 7), the fused pass against it, and the largest relative
+flops; the GEMM bound), the fused pass against it, and the largest relative
 difference between the fused and the blocked result. The first call of each configuration (Triton's
 tuning and compilation) is excluded from the timing and reported separately.
 

@@ -1,4 +1,4 @@
-"""The GP a user gets by default against the exact GP and GPyTorch's SGPR / SVGP (issue 23, "Targets").
+"""The GP a user gets by default against the exact GP and GPyTorch's SGPR / SVGP.
 
 One command, one table::
 

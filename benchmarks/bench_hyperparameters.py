@@ -1,6 +1,6 @@
 """Learned hyperparameters at scale: kgp ``learn="sgpr"`` / ``learn="exact"`` + FALKON vs the GPyTorch routine.
 
-One command, one process, one machine (issue 13, section 3)::
+One command, one process, one machine::
 
     python benchmarks/bench_hyperparameters.py                      # the six sets
     python benchmarks/bench_hyperparameters.py --sets pol,elevators # a few

@@ -1,4 +1,4 @@
-"""What one learning step costs for each candidate of issue 23, item 2, on the default's sets.
+"""What one learning step costs for each candidate objective of the default GP, on the default's sets.
 
 One command, one table::
 
@@ -131,7 +131,7 @@ def kgp_candidate(split: uci.Split, name: str, steps: int, subset: int | None = 
 
 BBMM_MAX_ROWS = 20_000
 """GPyTorch without KeOps holds the dense n x n kernel and its gradients: at n = 32,000 (kin40k, float32) the
-process was killed by the OOM killer at 24 GB (2026-11-25), so larger sets are reported, not run."""
+process is killed by the OOM killer at 24 GB, so larger sets are reported, not run."""
 
 
 def bbmm_candidate(split: uci.Split, steps: int) -> dict:

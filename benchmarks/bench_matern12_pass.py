@@ -1,17 +1,17 @@
-"""Matern 1/2 (Laplacian) kernel pass: kgp's near-zero recomputation against the former ones.
+"""Matern 1/2 (Laplacian) kernel pass: kgp's near-zero recomputation against two simpler ones.
 
 A Matern 1/2 block recomputes the squared distances that cancellation spoiled (``_exact_near_zero`` in
-kgp/kernels/recipes.py). kgp finds the rows that can hold such a pair from each row's minimum; a float32
-block then recomputes those rows with a float64 GEMM, a float64 block recomputes the pairs that pass the
-pair test from their differences. Two baselines are written out below and patched in for their runs: the
-row minima with the pair test in float32 too (kgp's test until 2026-11-28), and the whole-block scan before
-it (a comparison of every entry with one threshold, then ``nonzero``). Each shape times one streamed FALKON
-pass ``K^T (K v)`` (``kernel_cache("never")``) with each, and with no test at all (the floor), all in this
-process, and prints the largest difference between kgp's pass and the pair test's, relative to the pass's
-largest entry (0 where both run the same code: float64, and the whole-block scan against the pair test). The
-centers are rows of the data, as with kgp's center selectors, so every center's own row holds a zero
-distance. A shape ending in ``far`` scales 0.5% of the rows by 20 first: a few points of large norm, as in
-UCI protein's standardised inputs, make one threshold for the whole block pass most of its entries.
+kgp/kernels/recipes.py). kgp finds the rows that can hold such a pair from each row's minimum; a float32 block
+then recomputes those rows with a float64 GEMM, a float64 block recomputes the pairs that pass the pair test
+from their differences. Two baselines are written out below and patched in for their runs: the row minima with
+the pair test in float32 too, and the whole-block scan (a comparison of every entry with one threshold, then
+``nonzero``). Each shape times one streamed FALKON pass ``K^T (K v)`` (``kernel_cache("never")``) with each,
+and with no test at all (the floor), all in this process, and prints the largest difference between kgp's pass
+and the pair test's, relative to the pass's largest entry (0 where both run the same code: float64, and the
+whole-block scan against the pair test). The centers are rows of the data, as with kgp's center selectors, so
+every center's own row holds a zero distance. A shape ending in ``far`` scales 0.5% of the rows by 20 first: a
+few points of large norm, as in UCI protein's standardised inputs, make one threshold for the whole block pass
+most of its entries.
 
 Usage::
 
@@ -51,7 +51,7 @@ def whole_block_scan(rows: torch.Tensor, cols: torch.Tensor, sq_dist: torch.Tens
 
 
 def row_minima_pair_test(rows: torch.Tensor, cols: torch.Tensor, sq_dist: torch.Tensor) -> None:
-    """kgp's test until 2026-11-28: the candidate rows from the row minima, then the pair test in every dtype."""
+    """Baseline: the candidate rows from the row minima, then the pair test in every dtype (float32 included)."""
     if not (rows.shape[0] and cols.shape[0]):
         return
     d = rows.shape[1] - 2

@@ -52,14 +52,14 @@ Notes on the bounds:
   (``M^3 / 3``), i.e. ``M^3`` flops after ``K_MM``.
 * Kernel pass: FALKON's hot loop ``K^T (K v)``, ``op.fused_matmul(v)`` with ``v`` of shape ``M x 1``.
   Streamed (``kgp.settings.kernel_cache("never")``): each row block of K is formed (distance GEMM
-  ``2 n M d`` flops, ``n M`` exponentials) and read twice (``K v``, ``K^T u``: ``4 n M`` flops). Since
-  2026-11-27 a CPU block is 64 MiB (``CPU_BLOCK_BYTES``), larger than the cache, so the two reads cost
-  ``2 n M w`` bytes at the DRAM rate ``B`` (with the former 8 MB blocks they were charged at the cache rate
-  ``C``; runs before that date used that bound). The ``exp`` rate stays the cache-resident one.
+  ``2 n M d`` flops, ``n M`` exponentials) and read twice (``K v``, ``K^T u``: ``4 n M`` flops). A CPU
+  block is 64 MiB (``CPU_BLOCK_BYTES``), larger than the cache, so the two reads cost ``2 n M w`` bytes at
+  the DRAM rate ``B`` (cache-sized blocks would be charged at the cache rate ``C``; older runs in
+  docs/benchmarks/roofline.md used that bound). The ``exp`` rate stays the cache-resident one.
   Stored (``kernel_cache("auto")``, after two warm-up products so that K is kept, only when
-  ``(n + block rows) M w`` fits ``kgp.settings.memory_budget``): since 2026-11-28 (18:00 UTC) the native
+  ``(n + block rows) M w`` fits ``kgp.settings.memory_budget``): the native
   stored pass reads each tile of K from DRAM once and again from the cache while the next tile is
-  prefetched, so the bound is one read, ``n M w / B``; runs before that date used ``n M w / B + n M w / C``
+  prefetched, so the bound is one read, ``n M w / B``; older runs (docs/benchmarks/) used ``n M w / B + n M w / C``
   (torch's two products, one block of K read from DRAM and again from the cache).
   For float32 a third row times the stored pass with ``accumulate=torch.float64`` (FALKON's default
   sums for float32 inputs), against the same bound.
@@ -491,7 +491,7 @@ def operations(
         add(PASS, streamed_pass, nm * (2 * d + 4), pass_compute, pass_memory, bound=pass_compute + pass_memory)
     # the fused kernels (a GPU's Triton tiles, or the CPU's native pass) keep tiles in registers or the cache:
     # no block traffic, so the bound is the compute part alone (the distance GEMM at the GEMM rate plus the
-    # exponentials); the GPU forms each tile twice, once per product (issue 26 target 6: within 1.5x on a CPU)
+    # exponentials); the GPU forms each tile twice, once per product (target: within 1.5x on a CPU)
     with settings.fused_kernels("auto"), settings.kernel_cache("never"):
         fast = FUSED if fused_applies(streamed, 1) else NATIVE if native_applies(streamed, 1) else None
     if fast is not None and want(fast):
@@ -593,7 +593,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def peer_commands(python: str, ms: Sequence[int], dtypes: Sequence[str]) -> list[list[str]]:
     """The peer benchmarks ``--peers`` runs after the roofline, each one command of its own: kgp's FALKON
-    against the FALKON library 0.9 on airline (issue 26 target 4; it prints "skipped" where ``python`` cannot
+    against the FALKON library 0.9 on airline (target 10x; it prints "skipped" where ``python`` cannot
     import the library) and kgp's EigenPro against the EigenPro3 reference on letter (target 5; the
     reference's rows are skipped without its checkout, see that script)."""
     here = Path(__file__).resolve().parent

@@ -7,7 +7,7 @@ another user's job does), the same seeded work runs with ``torch.set_num_threads
 torch's default, alternating, in this one process; the table gives the median times and their ratio.
 Workloads: ``learn="sgpr"`` (10 Adam steps, M = 500) and a FALKON solve (M = 1,000, 20 CG iterations)
 on n = 20,000 synthetic rows, d = 8, float64. Run it with ``OMP_WAIT_POLICY`` unset and with
-``OMP_WAIT_POLICY=PASSIVE`` to see both behaviours of torch's OpenMP threads (issue 27: 8.7 vs 2.6 s a
+``OMP_WAIT_POLICY=PASSIVE`` to see both behaviours of torch's OpenMP threads (8.7 vs 2.6 s a
 learning step on a loaded 2-core host). Figures: docs/guarantees.md, "Threads".
 """
 

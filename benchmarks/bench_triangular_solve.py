@@ -9,7 +9,7 @@ kernel matrix on random points plus 1e-3 I, as in FALKON's preconditioner.
 
 ``--dtypes mixed``: a float32 factor with float64 right-hand sides (FALKON's float32 default), solved by the
 native C loop (``LowerFactor.solve``, :mod:`kgp.triangular`) against the same solve on the factor widened to
-float64 (what the preconditioner held before 2026-11-28), with the relative difference of the answers.
+float64 (the alternative that holds a float64 copy of the factor), with the relative difference of the answers.
 
 How long LAPACK's solve takes depends on how OpenMP threads wait (``OMP_WAIT_POLICY``, read once when the
 process starts), so by default the script runs itself twice, with ``PASSIVE`` (what the kgp command, the

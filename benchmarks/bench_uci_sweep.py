@@ -1,4 +1,4 @@
-"""The float32 / float64 sweep of every built-in solver on the 15 shared UCI sets (issue 12).
+"""The float32 / float64 sweep of every built-in solver on the 15 shared UCI sets.
 
 Protocol (``benchmarks/uci.py``): seeded 80/20 split, z-scored with training statistics; ARD RBF
 hyperparameters learned once per set (a GPyTorch ``ExactGP`` on a 3,000-point subset, cached in
@@ -197,7 +197,7 @@ def main() -> None:
         "--centers",
         type=int,
         default=M_MAX,
-        help=f"M, the uniform centers of falkon and eigenpro (at most n_train; default {M_MAX:,}; issue 26 target 3: "
+        help=f"M, the uniform centers of falkon and eigenpro (at most n_train; default {M_MAX:,}; the large-M row: "
         "--sets kin40k --solvers falkon --centers 20000)",
     )
     ap.add_argument("--header", default="", help="with --combine: the line written above the table")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One prepared run on a lent CUDA machine: the CUDA tests, then the GPU figures of issue 26 target 7.
+# One prepared run on a lent CUDA machine: the CUDA tests, then the GPU figures (docs/benchmarks/gpu.md).
 #
 # Run from the repository root on the GPU machine, after building the wheel here
 # (`.venv/bin/python -m pip wheel --no-deps --no-build-isolation -w .whl .`, .whl/ ignored by git):
@@ -22,7 +22,7 @@ $PY -c "import torch, gpytorch, kgp; print('torch', torch.__version__, 'gpytorch
 STEPS=" ${*:-fused tests benchmarks} "
 if [[ $STEPS == *" fused "* ]]; then
 # first, so that the slower steps cannot take its figures; d = 28 in its own call (the one shape
-# whose first run, 2026-11-27, did not finish within 80 s)
+# whose tuned FMA-loop run once did not finish within 80 s)
 # Triton prints each tuning's time and chosen tile shape (is the d = 28 time tuning, or the kernel?)
 export TRITON_PRINT_AUTOTUNING=1
 echo "== the fused pass against the blocked pass and the stored K (one process), d = 8"

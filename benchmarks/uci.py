@@ -4,7 +4,7 @@ Data: ``../shared/data/uci/NAME.csv.gz`` (no header, target last). Split
 ``numpy.random.default_rng(0).permutation(n)``, first 80% train; features and target z-scored with
 training statistics (constant columns keep scale 1).
 
-Reference hyperparameters ("what a GPyTorch user does today", issue 12 and 13): a GPyTorch ``ExactGP``
+Reference hyperparameters ("what a GPyTorch user does today"): a GPyTorch ``ExactGP``
 (``ConstantMean``, ``ScaleKernel(RBFKernel(ard_num_dims=d))``, ``GaussianLikelihood``) trained with
 Adam (lr 0.1, 100 steps) on the exact marginal likelihood of a random 3,000-point training subset, in
 float64. :func:`gpytorch_hyperparameters` runs it; :func:`cached_hyperparameters` keeps the result

@@ -1,10 +1,9 @@
 """Seeded fits of every built-in solver, objective and selector, recorded once and compared after changes.
 
-Issue 24's guard for refactors of the fit path: the predictions (and the predictive std where the
-fit gives one) of these fits were recorded from the code before the redesign
-(``tests/data/fingerprints.npz``) and ``tests/test_fingerprints.py`` compares them to 1e-10 relative
-in float64. A change that is meant to alter numbers (a numerical fix) re-records the entries it
-moves, and its commit says which and why::
+The guard for refactors of the fit path: the predictions (and the predictive std where the fit gives
+one) of these fits are recorded (``tests/data/fingerprints.npz``) and ``tests/test_fingerprints.py``
+compares them to 1e-10 relative in float64. A change that is meant to alter numbers (a numerical fix)
+re-records the entries it moves, and its commit says which and why::
 
     python tests/fingerprints.py --record           # every case
     python tests/fingerprints.py --record falkon    # cases whose name contains 'falkon'
@@ -143,14 +142,14 @@ CASES: dict[str, tuple[dict, bool, dict]] = {
         True,
         {},
     ),
-    # the GP defaults since normalize_X (issue 27): ARD, normalize_y and normalize_X on when learning
+    # the GP defaults: ARD, normalize_y and normalize_X on when learning
     "learn_exact_gp_defaults": (
         dict(solver="exact", learn="exact", random_state=13, learn_options={"iterations": 15}),
         True,
         {},
     ),
-    # the loop's other branches (added before issue 24 item 7 moved the noise and mean onto GPyTorch's
-    # GaussianLikelihood and ConstantMean): L-BFGS flattens the trained tensors in order, two outputs
+    # the loop's other branches (the noise and mean as GPyTorch's GaussianLikelihood and ConstantMean):
+    # L-BFGS flattens the trained tensors in order, two outputs
     "learn_lbfgs_multi": (
         dict(
             solver="exact",

@@ -1,4 +1,4 @@
-"""Saving is atomic (issue 25): an interrupted or failed re-save leaves the previous model file intact and no
+"""Saving is atomic: an interrupted or failed re-save leaves the previous model file intact and no
 temporary file behind, and a process loading while another re-saves never sees a part of a file.
 
 Before the fix (``torch.save`` straight into the destination) the interruption tests left a truncated

@@ -1,11 +1,11 @@
-"""Property-based sweeps (hypothesis) of issue 25's 'Done when': corrupted model files, random flag
+"""Property-based sweeps (hypothesis): corrupted model files, random flag
 combinations of the `kgp` command, and threads fitting distinct estimators under different settings.
 
 - Model files: one entry of a valid file is changed (value, shape, dtype, type, removed, nested deep)
   and the checksum recomputed, as someone who edits a file would. Property: ``kgp.load`` raises
   ``kgp.ModelFileError`` (one line naming the file), or the model it loads predicts finite values (and
   a finite, non-negative std where the original gave one, or a clear ``return_std=True:`` refusal).
-  Issue 25's crafted files must be refused naming their entry. Written against format 2 before entry
+  Crafted files must be refused naming their entry. Written against format 2 before entry
   validation, where the sweep and 15 cases failed (xfail); all pass on format 3 (entries validated,
   the probe rows' mean checked at load).
 - CLI: flags drawn from valid and invalid values. Property: exit status 0, 1 (one line on stderr,
@@ -224,7 +224,7 @@ def test_a_corrupted_entry_is_refused_or_harmless(model_files, tmp_path_factory,
     event(_check_refused_or_harmless(file, FILES[name][1], name == "classifier"))
 
 
-# Issue 25's crafted files: each must be a ModelFileError at kgp.load naming the entry (before entry
+# Crafted files: each must be a ModelFileError at kgp.load naming the entry (before entry
 # validation several loaded and then predicted garbage, or failed later with a raw error).
 ISSUE_25 = [
     ("exact_std", ("posterior", "noise"), "negative"),

@@ -114,7 +114,7 @@ def test_console_script_demo_runs():
 
 
 def test_csv_to_intervals_and_a_calibration_plot_in_three_commands(tmp_path, capsys):
-    """Issue 27: fit a GP from a CSV, predict with std (a std column and coverage) and plot calibration."""
+    """Fit a GP from a CSV, predict with std (a std column and coverage) and plot calibration."""
     pytest.importorskip("matplotlib")
     rng = np.random.default_rng(3)
     X = rng.normal(size=(300, 2)) * [1.0, 100.0]  # unscaled features: learn='auto' standardises them

@@ -1,5 +1,5 @@
 """The `kgp` command never mis-reads data: columns by name, targets in range, scoring only when asked,
-and one-line errors that name the flag (issue 16, section 2)."""
+and one-line errors that name the flag."""
 
 from __future__ import annotations
 

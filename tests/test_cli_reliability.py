@@ -89,7 +89,7 @@ def test_predict_refuses_an_unwritable_out_before_predicting(tmp_path, capsys):
 
 # ------------------------------------------------------------------ advice that matches the dtype
 class _NotPSDObjective:
-    """An objective whose first evaluation fails as the built-in ones do on 3 rows (issue 25)."""
+    """An objective whose first evaluation fails as the built-in ones do on 3 rows."""
 
     option_defaults: dict = {}
     capabilities = kgp.Capabilities()

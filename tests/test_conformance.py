@@ -371,7 +371,7 @@ class NystromPreconditionedCG:
 
 
 def test_a_solver_using_centers_as_a_preconditioner_passes_against_the_exact_posterior(runtime_plugin):
-    """Issue 24: the kit chose the Nystrom oracle from uses_centers alone and failed this solver (0.15).
+    """The oracle follows the declared target, not uses_centers: the Nystrom oracle would fail this solver (0.15).
 
     Measured: 8.4e-11 against the exact posterior mean in 77 iterations (float32 2.7e-6), 0.152 against
     the Nystrom estimator on its centers.

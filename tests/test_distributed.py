@@ -786,7 +786,7 @@ def test_gp_learning_and_normalize_y_match_one_process(two_ranks, three_ranks, c
         torch.testing.assert_close(res["mean"], model.mean_, rtol=tol, atol=tol / 100)
         np.testing.assert_allclose(res["pred"], pred, rtol=0, atol=tol * float(np.abs(pred).max()))
         if model.learn is not None:
-            # the Nystrom variance of a learned GP: K_Mn K_nM summed over all ranks at fit (issue 23 item 5);
+            # the Nystrom variance of a learned GP: K_Mn K_nM summed over all ranks at fit;
             # one rank's rows alone would give the std of another data set (O(1) off)
             std = model.predict(X[:50], return_std=True)[1]
             np.testing.assert_allclose(res["std"], std, rtol=10 * tol, atol=0)
@@ -799,7 +799,7 @@ def test_gp_learning_and_normalize_y_match_one_process(two_ranks, three_ranks, c
 def test_exact_learning_without_subset_refuses(two_ranks):
     # A rank that reaches the check raises the ValueError; a rank still waiting in an earlier asynchronous
     # collective may see the other's failure record first and raise RankFailedError quoting it. Which one
-    # happens is a matter of timing (seen once on a 2-core host, 2026-11-27), so both are accepted, with the
+    # happens is a matter of timing (both seen on a 2-core host), so both are accepted, with the
     # remedy in the message and at least one rank raising the ValueError itself.
     results = [r["exact_whole"] for r in two_ranks[0]]
     for res in results:

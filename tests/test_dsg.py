@@ -444,7 +444,7 @@ class TestDSGConformance(SolverConformance):
 
 
 # ------------------------------------------------------------------------------------------------
-# issue 12: failing inputs, float32, divergence and convergence checks
+# hard inputs, float32, divergence and convergence checks
 # ------------------------------------------------------------------------------------------------
 def _energy(shared_data, rounded):
     """UCI energy, z-scored, 600 train / 168 test (seeded); optionally X = round(3 X) (discrete inputs)."""
@@ -468,10 +468,10 @@ def _r2(pred, ref):
 
 
 def test_rounded_inputs_match_the_exact_oracle(shared_data):
-    """X = round(3 X) (many ties, a lattice): the default update tracks exact KRR; the former default did not.
+    """X = round(3 X) (many ties, a lattice): the default update tracks exact KRR; the plain gradient step does not.
 
     Measured: R^2 against the exact predictions 0.970 (default, least_squares) and 0.690 (the
-    plain gradient step with its former defaults), RBF l = 2, sigma^2 = 1e-2 (docs/solvers/dsg.md).
+    plain gradient step with its own defaults), RBF l = 2, sigma^2 = 1e-2 (docs/solvers/dsg.md).
     """
     X, y, Xt, _ = _energy(shared_data, rounded=True)
     kernel = _kernel("rbf", 2.0)
@@ -482,8 +482,8 @@ def test_rounded_inputs_match_the_exact_oracle(shared_data):
 
 @pytest.mark.parametrize("scale, dtype", [(1e30, torch.float64), (1e6, torch.float32)])
 def test_inputs_beyond_the_phase_precision_are_refused(scale, dtype):
-    """Inputs scaled far beyond the lengthscale: every random feature would be rounding noise (issue 12
-    predicted ~1e5 for |y| <= 3 at 1e30); now a ValueError names the spread and the remedy."""
+    """Inputs scaled far beyond the lengthscale: every random feature would be rounding noise (a fit
+    would predict ~1e5 for |y| <= 3 at 1e30): a ValueError names the spread and the remedy."""
     X, y = _toy(100)
     model = kgp.KernelRegressor("rbf", noise=0.05, solver="dsg", random_state=0, dtype=dtype)
     with pytest.raises(ValueError, match="kernel lengthscales from its mean.*Rescale X"):
@@ -570,7 +570,7 @@ def _r2_test(pred, y):
 def test_points_isolated_at_the_lengthscale_warn_with_the_measured_shortfall():
     """Rounded inputs in 5 dimensions at lengthscale 1: the points are isolated, exact KRR reaches test R^2
     0.35 and the default dsg fit -0.39 (the random-feature noise of its few dominant blocks, ~0.9 of the
-    RMS target at new points). Issue 12 item 5: this was silent; now a ConvergenceWarning says so.
+    RMS target at new points). A ConvergenceWarning says so.
     With the remedy it names (shrink=0.2) the fit reaches R^2 0.25 and the check is quiet."""
     X, y, Xt, yt = _rounded_synthetic(5)
     kernel = _kernel("rbf", 1.0)
@@ -612,7 +612,7 @@ def test_off_data_check_is_quiet_where_dsg_matches_exact():
 
 @pytest.mark.parametrize("opts", [{"passes": 50}, {"update": "gradient", "passes": 50}])
 def test_more_passes_on_isolated_points_still_warn(opts):
-    """Issue 12 reported R^2 -7.1 with 50 passes on rounded inputs. Measured on the d = 5 case above:
+    """The plain gradient step reaches R^2 -7.1 with 50 passes on rounded inputs. Measured on the d = 5 case above:
     R^2 -0.31 (least_squares, 50 passes) and -0.68 (gradient, 50 passes) against exact 0.35; both warn."""
     X, y, Xt, yt = _rounded_synthetic(5)
     model = kgp.KernelRegressor(_kernel("rbf", 1.0), noise=1e-2, solver="dsg", random_state=0, solver_options=opts)

@@ -236,7 +236,7 @@ def test_ridge_agrees_with_falkon_if_registered():
 def test_preconditioning_lowers_training_error_at_fixed_epochs(kernel_name, ls):
     """Excess training MSE over the least-squares optimum on the same centers after 3 epochs
     (measured: q = 100 gives 2.7x (Laplacian) and 1.7x (Gaussian) less than q = 0; the Gaussian's was 4x
-    before the batch floor M / 16 of issue 12 lifted q = 0's batch from m* = 7 to 25, which lowered
+    the batch floor M / 16 lifts q = 0's batch from m* = 7 to 25, which lowers
     q = 0's excess from 0.125 to 0.075; q = 100's batch, m* = 273, is unchanged)."""
     g = torch.Generator().manual_seed(5)
     X = torch.randn(2000, 4, generator=g, dtype=torch.float64)
@@ -492,7 +492,7 @@ def test_default_selector_centers_and_classifier_targets():
     assert clf.score(X.numpy(), labels) > 0.8
 
 
-# ----------------------------------------------------------------------------- issue 12: ordinary inputs that failed
+# ----------------------------------------------------------------------------- ordinary inputs that are hard
 def _r2(pred, y):
     pred, y = np.asarray(pred, dtype=np.float64).reshape(-1), np.asarray(y, dtype=np.float64).reshape(-1)
     return 1.0 - float(((pred - y) ** 2).mean() / ((y - y.mean()) ** 2).mean())
@@ -654,13 +654,13 @@ def test_convergence_warning_fires_when_truncated_not_when_converged():
         assert _rel(model.predict(X), exact.predict(X)) < 2e-3
 
 
-# ----------------------------------------------------------------------------- memory budget (issue 16)
+# ----------------------------------------------------------------------------- memory budget
 
 
 @pytest.mark.parametrize("solver", ["eigenpro", "eigenpro2"])
 def test_memory_budget_bounds_every_block(solver):
     """Under a 256 KiB budget no n x M (or n x s, s x s beyond the budget) block is formed, and the fit still
-    matches its dense oracle (issue 16: peaks of 431 / 392 MB at n = 5,000 under this budget)."""
+    matches its dense oracle (unbounded blocks would peak at 431 / 392 MB at n = 5,000 under this budget)."""
     g = torch.Generator().manual_seed(3)
     n, p, budget = 1200, 150, 256 * 2**10
     X = torch.randn(n, 2, generator=g, dtype=torch.float64)
@@ -688,7 +688,7 @@ def test_default_q_damps_every_direction_when_the_subsample_is_every_point():
     """q = s - 1 by default when s = n and the model spans the points, else s // 10; measured gain of the rule.
 
     eigenpro2, Laplacian, 1,000 points, noise 1e-6, 10 epochs: 0.6% from the exact solve with the default
-    (s = n = 1,000, q = 999) against 6.2% with the former default q = s // 10 = 100.
+    (s = n = 1,000, q = 999) against 6.2% with q = s // 10 = 100.
     """
     from kgp_builtins.eigenpro.options import resolve_subsample
 
@@ -712,7 +712,7 @@ def test_default_q_damps_every_direction_when_the_subsample_is_every_point():
     assert errors[None] < 0.02 and errors[100] > 3 * errors[None], errors
 
 
-# ----------------------------------------------------------------------------- batch floor (issue 12)
+# ----------------------------------------------------------------------------- batch floor
 def test_batch_floor_rule_closed_form():
     """m* = beta / (lam_top / n); the default batch is max(m*, floor) capped at n; an explicit batch is kept;
     the step m / (beta + (m - 1) lam) stays below the full-gradient stability bound 2 / lam."""
@@ -751,7 +751,7 @@ def test_small_critical_batch_is_floored_and_still_matches_the_oracle():
     assert err_floor < 0.01 and err_floor < 1.5 * err_mstar
 
 
-# ----------------------------------------------------------------------------- whitened features (issue 26)
+# ----------------------------------------------------------------------------- whitened features
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])

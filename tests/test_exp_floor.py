@@ -2,7 +2,7 @@
 
 A product of a kernel entry with a vector entry is subnormal when the entry is near float32's smallest
 normal number; subnormal operands slow the products' GEMMs on some CPUs (UCI parkinsons' float32 FALKON
-iteration took twice as long with the former floor e^-80, docs/backend.md).
+iteration takes twice as long with a floor of e^-80, docs/backend.md).
 """
 
 from __future__ import annotations

@@ -437,7 +437,7 @@ def test_airline_20_iterations_within_1pct_of_direct_nystrom(shared_data, dtype)
 @pytest.mark.filterwarnings("ignore::kgp.ConvergenceWarning")  # lambda = 1e-9: 20 iterations leave ~0.07
 def test_float32_small_lambda_does_not_diverge(shared_data):
     # UCI tamielectric (d = 3) at lambda = 1e-9: K_MM is numerically rank deficient at float32
-    # precision. float32 used to diverge here with the paper's Cholesky preconditioner (residual
+    # precision. float32 sums diverge here with the paper's Cholesky preconditioner (residual
     # 1.1 -> 4.9, test MSE +40%): float32 sums of K_nM^T u over n rows err in the directions the
     # preconditioner amplifies. The float32 path sums them in float64 (runs of 8 rows in float32)
     # and factors K_MM in float64 with a jitter of at least 1e-3 of its mean diagonal, which the
@@ -620,7 +620,7 @@ def test_classifier_magic_gamma_accuracy(shared_data):
 @pytest.mark.cuda
 def test_cuda_matches_cpu():
     # Both converge to the dense Nystrom solution. Comparing two 30-iteration runs instead failed on an
-    # H200 (2026-11-27: alpha 8e-4 apart): with cond(K_MM) ~ 9e6 an unconverged CG's alpha moves by 4e-3
+    # H200 (alpha 8e-4 apart): with cond(K_MM) ~ 9e6 an unconverged CG's alpha moves by 4e-3
     # on the CPU alone when only the block size changes, so the devices' rounding cannot agree to 1e-8.
     X, y = synthetic(n=1000, d=3)
     Z = X[:100]

@@ -1,4 +1,4 @@
-"""FALKON at M = 16,000 (issue 23, item 3): scipy's OpenBLAS ``?lauum`` killed the process (SIGSEGV) there.
+"""FALKON at M = 16,000, where scipy's OpenBLAS ``?lauum`` kills the process (SIGSEGV): kgp's own blocked routines run.
 
 The preconditioner's factorisations are now blocked and in place (kgp.linalg): two M x M float64 arrays
 at the peak. With every training point a center (M = n) the Nystrom problem is exact kernel ridge

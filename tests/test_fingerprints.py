@@ -1,30 +1,17 @@
-"""Seeded fits give the predictions and std recorded before the fit-path redesign (issue 24).
+"""Seeded fits give the recorded predictions and std.
 
-The record (``tests/data/fingerprints.npz``) was written by ``python tests/fingerprints.py --record``
-from main at 29b82cd, before the plan / stages / Posterior change; see that module for the cases and
-for how a deliberate numerical change re-records the entries it moves. The cases ``learn_lbfgs_multi``,
-``learn_lbfgs_fixed_noise_mean`` and ``learn_auto`` were added from main at 879736e, before the learning
-loop moved onto GPyTorch's ``GaussianLikelihood`` and ``ConstantMean`` (issue 24 item 7), on an AVX512
-host with one thread (the file's ``__host__`` entry, that of the first record, was kept).
-``learn_exact_subset_refit`` was re-recorded there when the refit's one-dimensional search became a
-coarse grid and scipy's bounded Brent (issue 24 item 8): its minimiser moved within sqrt(eps), the
-predictions by 6e-9 relative. Every ``learn_*`` case was re-recorded on 2026-11-25 (AVX512 host, two
-threads, the configuration of ``make test`` there) when the ``exact`` step's gradient moved to closed
-forms (``kgp.linalg.inverse_from_cholesky``, ``kgp/kernels/rbf_block.py``): rounding-level changes of the
-gradient; against the earlier records, measured on this host, the learned fits were 1e-14 to 1e-10
-apart (1.6e-8 for the refit's argmin), a mix of this change and of the host difference. Each case now
-carries the host configuration that recorded it (``__host__/<case>``); the file's ``__host__`` is the
-default for the cases recorded before that. ``learn_exact_subset_refit`` was re-recorded once more the same
-day when ``C = K + noise I`` moved into the likelihood's own forward (its argmin moved by 1.6e-8; every
-other case stayed within 1e-10). On 2026-11-28 the refit case differed by 1.6e-8 on an AMD EPYC host whose
-signature matched its record's ("AMD EPYC|AVX512", another EPYC generation): the signature now names the
-CPU's family, model and stepping, and every ``learn_*`` case was re-recorded on that host (family 25, model
-17; the others moved by under 1e-10 there).
+The record (``tests/data/fingerprints.npz``) is written by ``python tests/fingerprints.py --record``; that
+module lists the cases and says how a deliberate numerical change re-records the entries it moves (its
+commit says which and why). Each case carries the host configuration that recorded it
+(``__host__/<case>``: CPU family, model and stepping, vector code path, BLAS settings, threads, torch); the
+file's ``__host__`` is the default for cases without one. The ``learn_*`` cases follow rounding through an
+argmin, so they are recorded on one host (an AMD EPYC, family 25, model 17) and compared there at full
+precision.
 
 Tolerance, relative to the largest value of each array, in float64:
 
 - on the host configuration that recorded them (same CPU, vector code path, BLAS settings, threads and
-  torch: :func:`fingerprints.host_signature`), every case to 1e-10: the refactor guard the issue asks for;
+  torch: :func:`fingerprints.host_signature`), every case to 1e-10: the guard for refactors of the fit path;
 - elsewhere, the direct solves still to 1e-10 (they move by about 1e-13 across BLAS code paths), and
   the cases in :data:`fingerprints.SENSITIVE` (an argmin or a random decision inside) to 1e-4, above
   the 2.4e-5 measured across MKL_CBWR code paths and thread counts, far below what a wrong fit moves.

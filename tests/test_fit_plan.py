@@ -1,4 +1,4 @@
-"""The fit plan: parameters resolved once, options validated once, named random streams (issue 24)."""
+"""The fit plan: parameters resolved once, options validated once, named random streams."""
 
 from __future__ import annotations
 

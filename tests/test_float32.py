@@ -1,6 +1,6 @@
 """float32 you can trust: every solver's float32 fit matches its float64 fit on an ill-conditioned ARD problem.
 
-The problem mimics what GP hyperparameter learning produces on real data (issue 12): ARD lengthscales
+The problem mimics what GP hyperparameter learning produces on real data: ARD lengthscales
 spanning 100x (some features nearly switched off, one nearly a switch), noise 1e-3 next to an
 outputscale of 1, standardised inputs. The backend pieces that make float32 accurate are tested
 against float64 oracles too: float64 distances (``distance_dtype``) and float64 sums

@@ -1,7 +1,7 @@
 """A learned noise that leaves the final solve not positive definite is raised, with a warning.
 
 Learning evaluates its objective on a subset; at the noise floor with collapsed lengthscales the solve on
-all rows can fail to factor where the subset's did (UCI parkinsons' default GP, 2026-11-28). The fit then
+all rows can fail to factor where the subset's did (UCI parkinsons' default GP). The fit then
 raises the *learned* noise tenfold at a time (``kgp.fitting.stages.solve_with_a_usable_noise``); a noise
 the user fixed is never changed.
 """

@@ -221,7 +221,7 @@ class _NaNPlugin:
 
 
 def test_a_failure_after_the_first_step_keeps_the_best_earlier_point():
-    """Issue 23: a NaN objective or a failed factorization at a later step returns the best point, with a warning."""
+    """A NaN objective or a failed factorization at a later step returns the best point, with a warning."""
     X, y = _gp_draw(60, [0.7], seed=7)
     kgp.register(_NaNPlugin(), name="nan-plugin")
     try:
@@ -251,7 +251,7 @@ def test_a_failure_after_the_first_step_keeps_the_best_earlier_point():
 
 
 def test_a_step_size_that_diverges_returns_the_best_point():
-    """Issue 23: lr=50 took the objective from -0.81 to 413,292 and R^2 from 0.996 to -0.10."""
+    """With lr=50 the last step takes the objective from -0.81 to 413,292: the best point is returned."""
     X, y = _gp_draw(200, [0.6, 0.9], seed=3)
     kernel = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=2)).double()
     with pytest.warns(kgp.ConvergenceWarning, match=r"ended at .*above its best value .*the best point is kept"):
@@ -267,7 +267,7 @@ def test_a_step_size_that_diverges_returns_the_best_point():
 
 
 def test_an_objective_still_falling_at_the_budget_warns():
-    """Issue 23: y on a 1e6 scale without normalize_y learned an interval with 0% coverage, silently."""
+    """y on a 1e6 scale without normalize_y learns an interval with 0% coverage: a warning says so."""
     X, y = _gp_draw(150, [0.7], seed=5)
     with pytest.warns(kgp.ConvergenceWarning, match=r"still falling when the budget of 20 evaluations ran out"):
         kgp.KernelRegressor("rbf", learn="exact", normalize_y=False, learn_options={"iterations": 20}).fit(X, 1e6 * y)
@@ -278,7 +278,7 @@ def test_an_objective_still_falling_at_the_budget_warns():
 
 
 def test_ctrl_c_while_learning_keeps_the_best_point_and_finishes_the_fit():
-    """Issue 27: Ctrl-C during learning used to throw the learning away and leave the estimator unfitted."""
+    """Ctrl-C during learning keeps the learning done so far and leaves a fitted estimator."""
     X, y = _gp_draw(80, [0.7], seed=2)
     seen = []
 

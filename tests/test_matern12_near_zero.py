@@ -1,4 +1,4 @@
-"""Matern-1/2 blocks are accurate near zero distance in float32 (issue 25).
+"""Matern-1/2 blocks are accurate near zero distance in float32.
 
 The expanded squared distance |u|^2 + |v|^2 - 2 u.v has an absolute error of about (d + 2) eps (|u|^2 + |v|^2);
 Matern 1/2 reads it through a square root, which turned that into 5e-4 (here up to 1e-2) on the zero-distance
@@ -71,7 +71,7 @@ def test_float32_rows_with_a_near_pair_are_recomputed_in_float64(d):
     """A float32 block whose rows all hold a near pair (integer features with many duplicates, as UCI letter):
     every row is recomputed by a float64 GEMM of the rounded inputs, so each entry is within a few float32
     roundings of the float64 oracle, plus the float64 expanded form's error read through the square root at
-    the smallest nonzero distance. The pair test (kgp until 2026-11-28) left 1.0e-6-1.5e-6 here, above it."""
+    the smallest nonzero distance. The pair test in float32 alone leaves 1.0e-6-1.5e-6 here, above it."""
     g = torch.Generator().manual_seed(d)
     Z = torch.randint(0, 16, (300, d), generator=g).double()
     X = torch.cat([Z[:150], torch.randint(0, 16, (50, d), generator=g).double()])

@@ -1,5 +1,5 @@
 """Model files are validated on load: one ModelFileError, one line, for every damaged, foreign, tampered or
-inconsistent file, from Python and from `kgp predict`; pickled code is never run (issue 16, section 4)."""
+inconsistent file, from Python and from `kgp predict`; pickled code is never run."""
 
 from __future__ import annotations
 

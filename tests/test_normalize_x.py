@@ -1,4 +1,4 @@
-"""``normalize_X``: inputs standardised with the training rows' statistics, on by default when learning (issue 27).
+"""``normalize_X``: inputs standardised with the training rows' statistics, on by default when learning.
 
 Oracle: a fit on inputs the user standardised by hand (the workaround users had to know) and the
 invariance of a standardised fit to any per-feature affine change of units.
@@ -75,7 +75,7 @@ def test_the_switches_are_off_without_learning_and_validated():
 
 
 def test_raw_protein_features_give_a_sensible_fit(shared_data):
-    """Issue 27 item 1: raw protein features through `learn` gave training R^2 0.0000 (constant predictions)."""
+    """Raw protein features through `learn` without normalize_X give training R^2 0.0000 (constant predictions)."""
     X, y = load_uci(shared_data, "protein")
     order = np.random.default_rng(0).permutation(len(y))
     train, test = order[:1500], order[1500:2500]

@@ -1,5 +1,5 @@
 """normalize_y with targets whose squares overflow: a clear error naming y, not std inf and NaN predictions
-(issue 25: y near 1e160 gave every prediction NaN without a word)."""
+(y near 1e160 would give every prediction NaN without a word)."""
 
 from __future__ import annotations
 

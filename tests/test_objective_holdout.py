@@ -154,7 +154,7 @@ def test_distinct_centers_keeps_first_occurrences_in_order():
 
 
 def test_holdout_keeps_the_mean_at_the_targets_mean_and_refuses_tiny_held_out_sets():
-    """Issue 23: the held-out score let the constant mean drift to -121 on data in +-1; n = 10 covered 0.3%."""
+    """The held-out score must not let the constant mean drift (to -121 on data in +-1, covering 0.3% at n = 10)."""
     import numpy as np
 
     g = np.random.default_rng(1)

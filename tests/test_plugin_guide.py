@@ -91,7 +91,7 @@ def test_the_figures_quoted_for_the_cg_solver(guide):
     """Section 1: '114-116 iterations to about 1e-9 of the float64 Nystrom solution (float32: 3.9e-5)'.
 
     kappa(H) = 3.2e5 here, so the attainable accuracy is about 7e-11 times CG's growth factor; measured 4.8e-10
-    (Intel Xeon host) and 1.7e-9 (AMD EPYC host, 2026-11-28). The bound allows a growth of 150 on any host and
+    (Intel Xeon host) and 1.7e-9 (AMD EPYC host). The bound allows a growth of 150 on any host and
     still fails a run that stops early (tol 1e-8: 3.8e-8; 100 iterations: 6.9e-6).
     """
     results = check_solver(

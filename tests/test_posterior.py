@@ -1,7 +1,7 @@
 """The Posterior: one object for the mean and the variance; its state is validated entry by entry on load.
 
 Oracles: the dense exact GP posterior (Rasmussen & Williams 2006, Alg. 2.1) and the DTC variance
-computed densely (Titsias 2009, eq. 6); model files forged with a recomputed checksum (issue 25) must
+computed densely (Titsias 2009, eq. 6); model files forged with a recomputed checksum must
 fail at ``kgp.load`` with a ModelFileError naming the entry, before any allocation sized by the file.
 """
 
@@ -48,7 +48,7 @@ def test_the_exact_posterior_matches_the_dense_gp():
 
 
 def test_a_nystrom_model_saved_before_any_std_gives_its_std_after_loading(tmp_path):
-    """Issue 27 item 2: every saved GP gives its std (the file keeps what the variance needs)."""
+    """Every saved GP gives its std (the file keeps what the variance needs)."""
     model = kgp.KernelRegressor("rbf", lengthscale=0.8, noise=NOISE, solver="falkon", n_centers=40, random_state=0)
     model.fit(X, Y)
     model.save(tmp_path / "m.pt")  # no return_std call before saving
@@ -123,7 +123,7 @@ def test_each_entry_of_a_posterior_state_is_checked(edit, entry):
         )
 
 
-# ---------------------------------------------------------------------- forged model files (issue 25)
+# ---------------------------------------------------------------------- forged model files
 def _forge(tmp_path, state, name="forged.pt"):
     body = {k: v for k, v in state.items() if k not in ("format", "format_version", "checksum")}
     path = tmp_path / name

@@ -1,4 +1,4 @@
-"""The progress bar shows the learning objective and noise, the solver's residual and the variance pass (issue 27)."""
+"""The progress bar shows the learning objective and noise, the solver's residual and the variance pass."""
 
 from __future__ import annotations
 

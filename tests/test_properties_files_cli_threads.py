@@ -1,4 +1,4 @@
-"""Property-based sweeps (hypothesis) of model files, the ``kgp`` command and concurrent use (issue 25).
+"""Property-based sweeps (hypothesis) of model files, the ``kgp`` command and concurrent use.
 
 - **Model files**: one entry of a saved model, chosen at random among every tensor and plain value the
   file holds, is replaced by a hostile value (NaN, inf, a negative or huge number, a wrong shape, a wrong

@@ -1,4 +1,4 @@
-"""solver='auto' and learn='auto': the built-in recipe's choices, reported in recipe_ (issue 23 item 1)."""
+"""solver='auto' and learn='auto': the built-in recipe's choices, reported in recipe_."""
 
 from __future__ import annotations
 

@@ -308,7 +308,7 @@ def test_fresh_registry_loads_builtins_through_entry_points():
 
 
 # ---------------------------------------------------------------------------------------------
-# Loading once, from any thread (issue 25: 7 of 8 threads saw "available solvers: (none)")
+# Loading once, from any thread (without the lock 7 of 8 threads saw "available solvers: (none)")
 # ---------------------------------------------------------------------------------------------
 RACE = """
 import threading

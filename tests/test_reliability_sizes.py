@@ -62,7 +62,7 @@ def test_falkon_at_sixty_thousand_centers_is_refused_before_work(monkeypatch):
 
 def test_learn_auto_under_a_tiny_budget_fails_before_learning():
     # kernel rows of the 3,000-row subset cannot be held in 1,024 bytes: the first evaluation without autograd
-    # used to fail only after the whole optimisation (110 s)
+    # must fail before the optimisation, not after it (110 s)
     X, y = _data(4000, d=4)
     evaluations = []
     model = kgp.KernelRegressor("rbf", learn="auto", callback=lambda info: evaluations.append(info))

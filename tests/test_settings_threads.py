@@ -1,5 +1,5 @@
 """kgp.settings under threads and asyncio tasks: a ``with`` override stays in its own thread (or task) and
-never outlives its block; a plain call sets the process default that every thread sees (issue 25).
+never outlives its block; a plain call sets the process default that every thread sees.
 
 Interleavings are forced with barriers, not left to the scheduler, so each test runs the same
 schedule every time. Before the fix, the first two failed every run: a block in one thread made

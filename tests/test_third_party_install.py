@@ -269,7 +269,7 @@ def test_third_party_registering_a_builtin_name_is_ignored_and_the_builtin_wins(
     site = tmp_path / "site"
     _fake_dist(site, "kgp-shadow", "9.9", {"shadow": "kgp_shadow"}, {"kgp_shadow": SHADOW_EXACT})
     out, listing = _report(site, tmp_path)
-    # Policy (issue 11): built-ins win. Before, the clash made `exact` unusable for everyone.
+    # Policy: built-ins win, so an installed package cannot make `exact` unusable for everyone.
     expected = (
         "solver name 'exact' of plugin 'shadow' from distribution kgp-shadow 9.9 is ignored: kgp's built-in "
         f"plugin 'exact' from distribution kgp {kgp.__version__} has that name and built-ins win; rename the "
@@ -502,7 +502,7 @@ def test_names_of_plugins_that_failed_to_load_say_so_with_the_traceback_kept(fre
 
 
 def test_kgp_plugins_naming_only_falkon_keeps_the_defaults(fresh):
-    """KGP_PLUGINS=falkon used to drop the default solver 'exact' and falkon's default selector 'uniform'."""
+    """KGP_PLUGINS=falkon keeps the default solver 'exact' and falkon's default selector 'uniform' (built-ins load)."""
     _, make = fresh
     reg, warned = make(KGP_PLUGINS="falkon")
     assert warned == [] and {"exact", "falkon"} <= set(reg.names("solver")) and "uniform" in reg.names("selector")
