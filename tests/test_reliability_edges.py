@@ -99,9 +99,9 @@ def test_holdout_learned_mean_with_three_outputs_is_the_exact_objectives(seed):
     X, Y = _three_outputs(seed)
     options = {"learn_mean": True}
     exact = kgp.KernelRegressor("rbf", learn="exact", random_state=seed, learn_options=options).fit(X, Y)
-    holdout = kgp.KernelRegressor(
-        "rbf", learn="holdout", n_centers=40, random_state=seed, learn_options=options
-    ).fit(X, Y)
+    holdout = kgp.KernelRegressor("rbf", learn="holdout", n_centers=40, random_state=seed, learn_options=options).fit(
+        X, Y
+    )
     assert np.abs(holdout.mean_.numpy() - exact.mean_.numpy()).max() < 0.1  # standardised units
     lengthscales = (
         exact.kernel_.base_kernel.lengthscale.detach().numpy().ravel() * exact.posterior_.input_scaling.std.numpy()
