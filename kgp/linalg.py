@@ -247,7 +247,7 @@ def cholesky_in_place(
         else:
             # L_kk X^T = A^T on the transposed view, written where the panel lies: LAPACK reads the strided
             # panel in place, where X L_kk^T = A (left=False) copied it first and back (84 against 14 ms a
-            # 19,616 x 384 float32 panel; docs/backend.md, "The setup without copies")
+            # 19,616 x 384 float32 panel; docs/benchmarks/roofline.md, "The setup without copies")
             torch.linalg.solve_triangular(L_kk, panel.mT, upper=False, left=True, out=panel.mT)
         if flush_below:
             zero_small_entries(panel, flush_below)

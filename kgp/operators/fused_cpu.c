@@ -5,7 +5,7 @@
    r_i = [u_i, -|u_i|^2 / 2, 1] and c_j = log2(e) [v_j, 1, -|v_j|^2 / 2]; a Matern entry reads a^2 = r_i . c_j
    = |u_i - v_j|^2 (r_i = [u_i, |u_i|^2, 1], c_j = [-2 v_j, 1, |v_j|^2], sqrt 3 or sqrt 5 folded into u and v),
    clamped to [lo = 0, hi], as kgp/kernels/recipes.py's blocks do. A tile is formed, multiplied by v and multiplied back while it sits in the cache: the block is never written to
-   memory, which is what bounds the blocked pass (docs/backend.md, "A native CPU pass").
+   memory, which is what bounds the blocked pass (docs/backend.md, "The native CPU pass").
 
    Layouts (row-major): R is n x D (the rows), CT is D x MP (the columns, transposed, padded to MP, a multiple
    of two vectors; padded columns are never read back), VT is k x MP (v transposed, zero in the padding),

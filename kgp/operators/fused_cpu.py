@@ -28,9 +28,9 @@ semantics:
   native pass forms it (when ``K`` fits the memory budget), and from then on :func:`stored_pass` reads it:
   one pass over memory for ``K^T (K v + w)``, where torch's two products read it twice (on airline,
   n = 219,082, M = 2,000 float32 with float64 sums: about 0.05 s against 0.133 s for forming ``K`` natively
-  and 0.19 s for torch's two products; docs/backend.md, "Reading a stored K once"). Where the whole ``K``
+  and 0.19 s for torch's two products; docs/benchmarks/native-cpu-pass.md). Where the whole ``K``
   does not fit, the second product stores its leading rows that do (a head), and later products read
-  those and form the rest (docs/backend.md, "A head of K"); a head is never grown or dropped while the
+  those and form the rest (docs/backend.md, "The native CPU pass"); a head is never grown or dropped while the
   operator's inputs stay the same.
 
 The exponential is ``2^-(q/N) 2^f`` with ``q = round(-x N)``, ``|f| <= 1/(2N)``: ``2^-(q/N)`` a table entry

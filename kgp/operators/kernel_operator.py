@@ -66,7 +66,7 @@ def kernel_operator(
         products in float32 but computes the exponent from float64 inputs: with small (ARD)
         lengthscales the float32 exponent ``u.v - |u|^2/2 - |v|^2/2`` cancels terms of size
         ``|x / lengthscale|^2`` and loses up to 1e-3 relative accuracy in the kernel values
-        (docs/backend.md, "Precision"); float64 distances bring it back to ~1e-7.
+        (docs/solvers/falkon.md, "float32"); float64 distances bring it back to ~1e-7.
     shard:
         A :class:`kgp.distributed.Shard` when ``x1`` is this rank's rows of a row-sharded data set
         (``problem.kernel_operator(problem.X, Z)`` passes it): products summed over the rows

@@ -184,7 +184,7 @@ class Preconditioner:
         ``A^{-T} (T^{-T} (Q^T D kv - lambda shift T^{-1} A^{-1} u) + lambda A^{-1} u)``: two triangular
         solves instead of six. Each solve reads an ``M x M`` triangle at about memory speed, and eight of
         them per CG iteration cost as much as the stored kernel pass at M = 10,000 (float64, 2-core host,
-        docs/solvers/falkon.md, "Where the time goes").
+        docs/benchmarks/falkon-float32-and-setup.md, "Where the time goes").
         """
         if self.T is None:
             return self.apply_t(kv) + self.regulariser(solves.u)

@@ -1,7 +1,7 @@
 """Recipe ``auto``: what ``solver="auto"`` and ``learn="auto"`` run (hook ``register_recipes``).
 
 The rule (:mod:`.rule`) was chosen from measurements on six UCI sets against the exact GP and
-GPyTorch's SGPR (docs/gp-workflow.md, "How the default was chosen"; benchmarks/bench_gp_default.py).
+GPyTorch's SGPR (docs/benchmarks/gp-default.md; benchmarks/bench_gp_default.py).
 """
 
 from __future__ import annotations
