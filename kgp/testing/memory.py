@@ -1,5 +1,6 @@
 """Memory under a budget: a deterministic probe (the largest tensor any torch operation returns inside a
-block) and the objective check built on it."""
+block), the problem and settings it runs under, and the objective check built on it (the selector check,
+:func:`kgp.testing.selector_checks.check_selector_memory`, uses the same probe and settings)."""
 
 from __future__ import annotations
 
