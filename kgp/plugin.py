@@ -165,8 +165,9 @@ class Problem(RowData):
         ``kernel_operator(X, Z)`` sums its transposed products over all ranks. Only solvers that
         declare ``Capabilities(distributed=True)`` receive a sharded problem.
     want_variance:
-        The fit builds the predictive variance right after the solve (a learned GP): a solver that
-        computes a factor the variance needs anyway may hand it on by returning a :class:`Solution`.
+        The fitted posterior has a predictive variance (the solver's target is not ``"mean_only"``): a
+        solver that computes a factor the variance needs anyway may hand it on by returning a
+        :class:`Solution`.
     """
 
     X: Tensor
@@ -225,7 +226,8 @@ class Solver(Protocol):
 class Solution:
     """What a solver may return instead of a bare predictor: the predictor and a factor it hands on.
 
-    ``variance``: the :class:`kgp.variance.VarianceFactors` of the posterior the solver targets, when
+    ``variance``: the :class:`kgp.variance.VarianceFactors` of the posterior the solver targets (e.g.
+    :class:`kgp.variance.ExactFactors`; the variance strategy adopts factors of its own kind), when
     the solve computed them anyway (the exact solver's Cholesky factor of ``K + sigma^2 I``); the fit
     then does not factor the same matrix again for ``predict(return_std=True)``. Only meaningful when
     ``problem.want_variance`` is True; a solver may always return its predictor alone.

@@ -9,23 +9,17 @@ constant mean m in those scaled units:
 
 - the mean: ``c + s * (m + f(x))``, with ``f`` the solver's predictor (a kernel expansion or another
   registered predictor kind) fitted to ``y' - m``;
-- the variance of the latent function, in the kind the solver's target implies
-  (``kgp.Capabilities.target``, :mod:`kgp.variance`): ``"exact"`` (Rasmussen & Williams 2006, Alg. 2.1)
-  on the training rows, ``"nystrom"`` (the DTC / SGPR variance, Titsias 2009 eq. 6) on the centers, or
-  ``"none"`` (the solver's form has no variance; asking for one raises with the reason), times ``s^2``;
-  the noise variance sigma^2 is added on request (the std of a new observation).
+- the variance and covariance of the latent function, from the variance strategy the fit chose once
+  from its solver's target (:mod:`kgp.variance`: exact, Nystrom / DTC, or none), times ``s^2``; the
+  noise variance sigma^2 is added on request (the std of a new observation);
+- draws of the latent function at a batch of rows (:meth:`Posterior.sample`).
 
-The variance factors are built once, when first needed (or at fit time for a learned GP), from what
-the Posterior holds: the training rows for ``"exact"`` (they are the predictor's centers), the centers
-and one pass over the training rows for ``"nystrom"``. Its state (what a model file stores) keeps the
-smaller of the two sufficient forms: the Nystrom factors (2 M^2 numbers) or the training rows (n d);
-never the exact n x n factor, which is rebuilt from the rows on the first std after loading.
+The strategy builds what it needs once, when first asked (or at fit time for a learned GP), and keeps
+in a model file the smallest state it can rebuild from (:meth:`kgp.variance.VarianceStrategy.state_dict`).
 """
 
 from __future__ import annotations
 
-import copy
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -34,15 +28,24 @@ import gpytorch
 import torch
 from torch import Tensor
 
+from . import variance as variance_strategies
 from .io import to_device
-from .operators import kernel_operator
-from .posterior_checks import PosteriorStateError, _Checker, _cpu, _factors_from_state
-from .variance import VarianceFactors, cross_kernel, exact_factors, latent_variance, nystrom_factors
+from .posterior_checks import PosteriorStateError, StateChecker, cpu_copy
+from .variance import LoadContext, VarianceStrategy
 
-__all__ = ["POSTERIOR_VERSION", "VARIANCE_KINDS", "Posterior", "PosteriorStateError", "Scaling", "TargetScaling"]
+__all__ = [
+    "POSTERIOR_VERSION",
+    "VARIANCE_KINDS",
+    "Posterior",
+    "PosteriorStateError",
+    "Scaling",
+    "TargetScaling",
+    "sampling_factor",
+]
 
 POSTERIOR_VERSION = 1
-VARIANCE_KINDS = ("exact", "nystrom", "none")
+VARIANCE_KINDS = variance_strategies.KINDS
+"""The variance tags a stored posterior may hold (:data:`kgp.variance.KINDS`)."""
 
 
 @dataclass(frozen=True)
@@ -93,21 +96,13 @@ class Posterior:
         The constant mean m per output (length k, or 1 to broadcast), in the scaled units.
     scaling:
         The target scaling of ``normalize_y`` (identity without it).
+    variance:
+        The variance strategy (:mod:`kgp.variance`), chosen by the fit (:func:`kgp.variance.for_fit`) or
+        read from a model file.
     input_scaling:
-        The input standardisation of ``normalize_X`` (None without it): the kernel, the predictor, the
-        centers and the training rows all live in the standardised inputs; :meth:`mean` and :meth:`std`
-        take inputs in the user's units and standardise them first.
-    variance_kind:
-        One of :data:`VARIANCE_KINDS`.
-    centers:
-        ``"nystrom"``: the ``M x d`` centers the variance is computed on; ignored otherwise (the exact
-        variance uses the predictor's centers, which are the training rows).
-    train_X:
-        ``"nystrom"``: the training rows, needed to build the factors (dropped once they are built).
-    factors:
-        Factors already computed (handed on by the fit, or loaded from a file).
-    no_variance_reason:
-        ``"none"``: why there is no variance, quoted when one is asked for.
+        The input standardisation of ``normalize_X`` (None without it): the kernel, the predictor and the
+        variance's stored points all live in the standardised inputs; :meth:`mean` and :meth:`std` take
+        inputs in the user's units and standardise them first.
     """
 
     def __init__(
@@ -118,26 +113,18 @@ class Posterior:
         noise: float,
         offset: Tensor,
         scaling: Scaling,
-        variance_kind: str,
+        variance: VarianceStrategy,
         input_scaling: Scaling | None = None,
-        centers: Tensor | None = None,
-        train_X: Tensor | None = None,
-        factors: VarianceFactors | None = None,
-        no_variance_reason: str = "",
     ):
-        if variance_kind not in VARIANCE_KINDS:
-            raise ValueError(f"variance_kind: expected one of {VARIANCE_KINDS}, got {variance_kind!r}")
+        if not isinstance(variance, VarianceStrategy):
+            raise TypeError(f"variance: expected a kgp.variance.VarianceStrategy, got {type(variance).__name__}")
         self.kernel = kernel
         self.predictor = predictor
         self.noise = float(noise)
         self.offset = offset
         self.scaling = scaling
         self.input_scaling = input_scaling
-        self.variance_kind = variance_kind
-        self.centers = centers
-        self._train_X = train_X
-        self._factors = factors
-        self.no_variance_reason = no_variance_reason
+        self.variance = variance
 
     # ------------------------------------------------------------------ the mean
     def mean(self, X: Tensor) -> Tensor:
@@ -161,40 +148,17 @@ class Posterior:
 
     # ------------------------------------------------------------------ the variance
     @property
-    def has_variance(self) -> bool:
-        return self.variance_kind != "none"
+    def variance_kind(self) -> str:
+        """The variance strategy's tag (``"exact"``, ``"nystrom"`` or ``"none"``), as a model file stores it."""
+        return self.variance.kind
 
     @property
-    def factors_built(self) -> bool:
-        return self._factors is not None
-
-    def hand_on(self, factors: VarianceFactors) -> None:
-        """Take the variance factors a solver computed anyway (:class:`kgp.plugin.Solution`)."""
-        if factors.kind != self.variance_kind:
-            raise ValueError(f"factors of kind {factors.kind!r} for a {self.variance_kind!r} posterior")
-        self._factors = factors
-
-    def factors(self) -> VarianceFactors:
-        """The variance factors, built on first use (see the module docstring)."""
-        if self._factors is not None:
-            return self._factors
-        if self.variance_kind == "none":
-            raise ValueError(f"return_std=True: {self.no_variance_reason}")
-        if self.variance_kind == "exact":
-            points = self.predictor.centers  # the exact solution is an expansion over the training rows
-            self._factors = exact_factors(self.kernel, points, self.noise)
-        else:
-            if self._train_X is None:
-                raise ValueError(
-                    "return_std=True: the Nystrom variance needs one pass over the training rows, which this "
-                    "posterior no longer holds"
-                )
-            self._factors = nystrom_factors(self.kernel, self._train_X, self.centers, self.noise)
-        return self._factors
+    def has_variance(self) -> bool:
+        return self.variance.has_variance
 
     def latent_variance(self, X: Tensor) -> Tensor:
         """Variance of the latent f at the rows of ``X`` (length n, X in the user's units), in the scaled units."""
-        return latent_variance(self.kernel, self.inputs(X), self.factors())
+        return self.variance.latent_variance(self.inputs(X))
 
     def std(self, X: Tensor, include_noise: bool = False) -> Tensor:
         """Predictive standard deviation (``n x k``, k from the scaling) in the targets' units.
@@ -209,69 +173,39 @@ class Posterior:
     def covariance(self, X: Tensor) -> Tensor:
         """Posterior covariance of the latent f between the rows of ``X`` (``q x q``, scaled units).
 
-        ``K_qq - V^T V`` with ``V = L^{-1} K_pq`` (exact), plus ``sigma^2 W^T W`` with ``W = L_s^{-1} K_Mq``
-        (Nystrom / DTC): the matrix forms of :meth:`latent_variance`. Dense in q: for a few hundred rows.
+        Entry ``(i, j)`` depends on rows i and j only, and the diagonal is the variance :meth:`std` gives
+        (:func:`kgp.variance.latent_covariance`). Dense in q: for up to a few thousand rows.
         """
-        factors = self.factors()
-        work = factors.chol.dtype  # float64 for a float32 model's Nystrom factors (kgp.variance)
-        Xs = self.inputs(X).to(work)
-        dtype = self.offset.dtype
-        kernel = self.kernel if work == dtype else copy.deepcopy(self.kernel).to(work)
-        with torch.no_grad():
-            cov = kernel_operator(kernel, Xs).to_dense().clone()
-            # the stored points as the columns: distances centred on them, not on the query batch
-            kx = cross_kernel(kernel, Xs, factors.points, cov.diagonal())
-            v = torch.linalg.solve_triangular(factors.chol, kx, upper=False)
-            cov -= v.T @ v
-            if factors.kind == "nystrom":
-                w = torch.linalg.solve_triangular(factors.chol_s, kx, upper=False)
-                cov += factors.noise * (w.T @ w)
-        return (0.5 * (cov + cov.T)).to(dtype)
+        return self.variance.latent_covariance(self.inputs(X)).to(self.offset.dtype)
 
     def sample(self, X: Tensor, n_samples: int, generator: torch.Generator) -> Tensor:
-        """Draws of the latent f at the rows of ``X`` from the posterior, ``q x k x n_samples``, targets' units."""
+        """Draws of the latent f at the rows of ``X`` from the posterior, ``q x k x n_samples``, targets' units.
+
+        The draws are ``mean + A z`` with ``A A^T`` the covariance (:func:`sampling_factor`) and ``z``
+        standard normal (float64, from ``generator``).
+        """
         mean = self.mean(X)
-        cov = self.covariance(X)
-        # a relative floor on the diagonal: rounding can leave the covariance a hair indefinite
-        jitter = 1e-10 if cov.dtype == torch.float64 else 1e-5
-        scale = float(cov.diagonal().abs().max().clamp_min(torch.finfo(cov.dtype).tiny))
-        eye = torch.eye(cov.shape[0], dtype=cov.dtype, device=cov.device)
-        L = torch.linalg.cholesky(cov + jitter * scale * eye)
-        z = torch.randn(cov.shape[0], n_samples, generator=generator, dtype=cov.dtype).to(cov.device)
-        draws = (L @ z).unsqueeze(1) * self.scaling.std.reshape(1, -1, 1)
+        factor = sampling_factor(self.variance.latent_covariance(self.inputs(X)))
+        z = torch.randn(factor.shape[1], n_samples, generator=generator, dtype=factor.dtype).to(factor.device)
+        draws = (factor @ z).to(mean.dtype).unsqueeze(1) * self.scaling.std.reshape(1, -1, 1)
         return mean.unsqueeze(-1) + draws
 
     # ------------------------------------------------------------------ persistence
     def state_dict(self) -> dict[str, Any]:
         """Tensors and plain values only (``torch.load(weights_only=True)``), tagged with a version."""
-        variance: dict[str, Any] = {"kind": self.variance_kind}
-        if self.variance_kind == "nystrom":
-            variance["centers"] = _cpu(self.centers)
-            # whichever is smaller: the two M x M factors, or the n x d rows they are built from
-            factors_size = 2 * self.centers.shape[0] ** 2
-            rows_size = math.inf if self._train_X is None else self._train_X.numel()
-            if self._factors is not None and factors_size <= rows_size:
-                variance["factors"] = {
-                    k: (_cpu(v) if torch.is_tensor(v) else v) for k, v in self._factors.state_dict().items()
-                }
-            elif self._train_X is not None:
-                variance["train_X"] = _cpu(self._train_X)
-        # the exact factor (n x n) is never stored: the training rows it is built from are the predictor's
-        if self.variance_kind == "none":
-            variance["reason"] = self.no_variance_reason
         inputs = {}
         if self.input_scaling is not None:
-            inputs = {"x_mean": _cpu(self.input_scaling.mean), "x_std": _cpu(self.input_scaling.std)}
+            inputs = {"x_mean": cpu_copy(self.input_scaling.mean), "x_std": cpu_copy(self.input_scaling.std)}
         return {
             **inputs,
             "version": POSTERIOR_VERSION,
             "noise": self.noise,
-            "offset": _cpu(self.offset),
-            "y_mean": _cpu(self.scaling.mean),
-            "y_std": _cpu(self.scaling.std),
+            "offset": cpu_copy(self.offset),
+            "y_mean": cpu_copy(self.scaling.mean),
+            "y_std": cpu_copy(self.scaling.std),
             "predictor_kind": self.predictor.kind,
             "predictor": self.predictor.state_dict(),
-            "variance": variance,
+            "variance": self.variance.state_dict(),
         }
 
     @classmethod
@@ -295,7 +229,7 @@ class Posterior:
             expected: a wrong type, a non-finite or out-of-range value, a shape that does not fit
             ``n_features`` / ``n_outputs`` or the other entries, an unknown kind.
         """
-        check = _Checker("posterior")
+        check = StateChecker("posterior")
         check.mapping(state, "")
         if state.get("version") != POSTERIOR_VERSION:
             raise PosteriorStateError(f"posterior.version: expected {POSTERIOR_VERSION}, got {state.get('version')!r}")
@@ -313,45 +247,44 @@ class Posterior:
             if not bool((x_std > 0).all()):
                 raise PosteriorStateError("posterior.x_std: expected positive scales (a feature std), got a value <= 0")
             input_scaling = Scaling(x_mean.to(device=device, dtype=dtype), x_std.to(device=device, dtype=dtype))
-        variance = check.mapping(state.get("variance"), "variance")
-        kind = variance.get("kind")
-        if kind not in VARIANCE_KINDS:
-            raise PosteriorStateError(f"posterior.variance.kind: expected one of {VARIANCE_KINDS}, got {kind!r}")
+        variance_state = check.mapping(state.get("variance"), "variance")
         predictor_state = check.mapping(state.get("predictor"), "predictor")
         predictor = predictor_cls.from_state(to_device(dict(predictor_state), device, dtype), kernel)
-        centers = factors = train_X = None
-        reason = ""
-        if kind == "nystrom":
-            centers = check.points(variance.get("centers"), "variance.centers", cols=n_features)
-            centers = centers.to(device=device, dtype=dtype)
-        if kind == "exact" and getattr(predictor, "centers", None) is None:
-            raise PosteriorStateError(
-                "posterior.variance.kind: 'exact' needs a predictor over the training rows (with centers); "
-                f"predictor kind {state.get('predictor_kind')!r} has none"
-            )
-        if kind == "none":
-            reason = variance.get("reason")
-            if not isinstance(reason, str):
-                raise PosteriorStateError("posterior.variance.reason: expected a str")
-        elif "factors" in variance:
-            factors = _factors_from_state(check, variance["factors"], kind, n_features, device, dtype)
-            if kind == "nystrom" and factors.points.shape[0] != centers.shape[0]:
-                raise PosteriorStateError(
-                    "posterior.variance.factors.points: expected the "
-                    f"{centers.shape[0]} centers, got {factors.points.shape[0]} rows"
-                )
-        elif kind == "nystrom" and "train_X" in variance:
-            train_X = check.points(variance["train_X"], "variance.train_X", cols=n_features).to(device, dtype)
+        context = LoadContext(
+            kernel=kernel,
+            noise=noise,
+            predictor=predictor,
+            predictor_kind=state.get("predictor_kind"),
+            n_features=n_features,
+            device=device,
+            dtype=dtype,
+            check=check,
+        )
         return cls(
             kernel=kernel,
             predictor=predictor,
             noise=noise,
             offset=offset.to(device=device, dtype=dtype),
             scaling=Scaling(y_mean.to(device=device, dtype=dtype), y_std.to(device=device, dtype=dtype)),
-            variance_kind=kind,
+            variance=variance_strategies.from_state(variance_state, context),
             input_scaling=input_scaling,
-            centers=centers,
-            train_X=train_X,
-            factors=factors,
-            no_variance_reason=reason,
         )
+
+
+def sampling_factor(cov: Tensor) -> Tensor:
+    """A ``q x q`` float64 matrix ``A`` with ``A A^T`` the covariance ``cov`` made positive semi-definite.
+
+    The covariance is scaled to a correlation matrix first (``D^{-1/2} cov D^{-1/2}``, ``D`` its
+    diagonal), so rows whose variances differ by many orders of magnitude (a far row at the prior
+    variance beside rows the data pin down) are factored on one scale; its eigendecomposition then
+    replaces the negative eigenvalues rounding leaves by 0 (no jitter: the draws' variances stay the
+    diagonal). Rows of zero variance get zero rows of ``A``. O(q^3).
+    """
+    C = cov.to(torch.float64)
+    scale = C.diagonal().clamp_min(0.0).sqrt()
+    positive = scale > 0
+    inverse = torch.where(positive, 1.0 / torch.where(positive, scale, torch.ones_like(scale)), torch.zeros_like(scale))
+    R = C * inverse.unsqueeze(1) * inverse.unsqueeze(0)
+    R = 0.5 * (R + R.mT)
+    eigenvalues, U = torch.linalg.eigh(R)
+    return scale.unsqueeze(1) * (U * eigenvalues.clamp_min(0.0).sqrt())

@@ -10,48 +10,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .variance import VarianceFactors
-
-__all__ = ["PosteriorStateError"]
+__all__ = ["PosteriorStateError", "StateChecker", "cpu_copy"]
 
 
 class PosteriorStateError(ValueError):
     """A saved posterior state that cannot be used; the message names the entry and what was expected."""
 
 
-def _factors_from_state(
-    check: _Checker, raw: Any, kind: str, n_features: int, device: torch.device, dtype: torch.dtype
-) -> VarianceFactors:
-    state = check.mapping(raw, "variance.factors")
-    if state.get("kind") != kind:
-        raise PosteriorStateError(
-            f"posterior.variance.factors.kind: expected {kind!r} (the variance kind), got {state.get('kind')!r}"
-        )
-    points = check.points(state.get("points"), "variance.factors.points", cols=n_features)
-    p = points.shape[0]
-    chol = check.matrix(state.get("chol"), "variance.factors.chol", rows=p, cols=p)
-    _check_cholesky(chol, "variance.factors.chol")
-    chol_s = None
-    if kind == "nystrom":
-        chol_s = check.matrix(state.get("chol_s"), "variance.factors.chol_s", rows=p, cols=p)
-        _check_cholesky(chol_s, "variance.factors.chol_s")
-    noise = check.positive_number(state.get("noise"), "variance.factors.noise")
-    # a float32 model's Nystrom factors are float64 (kgp.variance): keep what the file holds if it is wider
-    work = torch.float64 if kind == "nystrom" and chol.dtype == torch.float64 else dtype
-    to = {"device": device, "dtype": work}
-    return VarianceFactors(kind, points.to(**to), chol.to(**to), None if chol_s is None else chol_s.to(**to), noise)
-
-
-def _check_cholesky(L: Tensor, where: str) -> None:
-    """A lower Cholesky factor: lower triangular with a positive diagonal (a zero one would give NaN)."""
-    if not bool((L.diagonal() > 0).all()):
-        raise PosteriorStateError(f"posterior.{where}: expected a Cholesky factor with a positive diagonal")
-    if bool(torch.triu(L, diagonal=1).ne(0).any()):
-        raise PosteriorStateError(f"posterior.{where}: expected a lower-triangular Cholesky factor")
-
-
-class _Checker:
-    """Entry checks with messages naming the entry as ``posterior.<path>``."""
+class StateChecker:
+    """Entry checks of a stored state, with messages naming the entry as ``<root>.<path>``."""
 
     def __init__(self, root: str):
         self.root = root
@@ -104,5 +71,6 @@ class _Checker:
         return t
 
 
-def _cpu(t: Tensor | None) -> Tensor | None:
+def cpu_copy(t: Tensor | None) -> Tensor | None:
+    """``t`` detached and on the CPU (None stays None)."""
     return None if t is None else t.detach().cpu()

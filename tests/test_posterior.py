@@ -270,17 +270,20 @@ def test_loading_onto_an_absent_device_names_it(saved_gp):
         kgp.load(saved_gp / "gp.pt", device="cuda:0")
 
 
-def test_a_learned_exact_gp_reuses_the_solvers_factor_for_its_std(monkeypatch):
+@pytest.mark.parametrize("learn", [None, "exact"])
+def test_an_exact_fit_reuses_the_solvers_factor_for_its_std(monkeypatch, learn):
     """The exact solve's Cholesky factor of K + s^2 I is handed on (kgp.plugin.Solution), not rebuilt."""
-    import kgp.posterior as posterior_module
+    import kgp.variance.exact as exact_module
 
     calls = []
-    original = posterior_module.exact_factors
-    monkeypatch.setattr(posterior_module, "exact_factors", lambda *a, **k: calls.append(1) or original(*a, **k))
-    model = kgp.KernelRegressor("rbf", learn="exact", solver="exact", random_state=0, learn_options={"iterations": 5})
+    original = exact_module.exact_factors
+    monkeypatch.setattr(exact_module, "exact_factors", lambda *a, **k: calls.append(1) or original(*a, **k))
+    options = {"learn": learn, "learn_options": {"iterations": 5}} if learn else {"noise": NOISE}
+    model = kgp.KernelRegressor("rbf", solver="exact", random_state=0, **options)
     model.fit(X, Y)
-    assert model.posterior_.factors_built and not calls
+    assert model.posterior_.variance.built
     _, std = model.predict(XQ, return_std=True)
+    assert not calls
     rebuilt = original(model.kernel_, model.posterior_.predictor.centers, model.noise_)
     scaled = model.posterior_.inputs(torch.from_numpy(XQ))
     ref = (kgp.variance.latent_variance(model.kernel_, scaled, rebuilt).sqrt() * model._y_train_std).numpy()

@@ -35,7 +35,7 @@ def test_exact_std_with_tiny_cross_kernel_values_matches_the_dense_oracle():
     kernel = model.posterior_.kernel
     with torch.no_grad():
         Xq = model.posterior_.inputs(torch.as_tensor(Q))
-        points = model.posterior_.factors().points
+        points = model.posterior_.variance.points  # the training rows the exact variance solves on
         kx = cross_kernel(kernel, Xq, points, torch.ones(Q.shape[0], dtype=torch.float64))
     assert kx.shape == (500, 200)
     assert not bool(((kx != 0) & (kx.abs() < threshold)).any())

@@ -26,7 +26,7 @@ from ..monitor import IterationInfo, Monitor
 from ..plugin import Centers, Problem, SelectionRequest, Solution
 from ..posterior import Posterior, Scaling, TargetScaling
 from ..validation import to_tensor
-from ..variance import nystrom_factors
+from ..variance import FitInputs, for_fit, for_target
 from .plan import FitPlan, PluginChoice, RandomStreams
 from .rows import TrainingRows
 
@@ -196,7 +196,7 @@ def solve(
         generator=streams.generator("solve", chunk or 0),
         monitor=monitor,
         shard=rows.shard,
-        want_variance=plan.objective is not None and caps.target != "mean_only",
+        want_variance=for_target(caps.target).has_variance,
     )
     with plugin_call(plan.solver):
         if chunk is not None:
@@ -208,8 +208,8 @@ def solve(
         predictor, factors = predictor.predictor, predictor.variance
     predictor = rows.comm.same_predictor(predictor, learned.kernel)
     posterior = posterior_of(plan, predictor, learned, scaling, centers, rows, input_scaling)
-    if factors is not None and posterior.variance_kind == factors.kind:
-        posterior.hand_on(factors)
+    if factors is not None:
+        posterior.variance.adopt(factors)
     return posterior
 
 
@@ -222,39 +222,24 @@ def posterior_of(
     rows: TrainingRows | None,
     input_scaling: Scaling | None = None,
 ) -> Posterior:
-    """The Posterior of a fitted predictor; its variance kind follows the solver's declared target."""
-    target = plan.solver.capabilities.target
-    kind, reason = target, ""
-    if target == "nystrom" and centers is None:
-        kind = "none"
-        reason = f"solver {plan.solver.name!r} declares a Nystrom target but the fit has no centers"
-    elif target == "mean_only":
-        kind = "none"
-        reason = (
-            f"solver {plan.solver.name!r} gives no predictive variance: it neither solves the exact GP "
-            "(target 'exact', e.g. solver='exact') nor fits on centers (target 'nystrom', Nystrom/DTC "
-            "variance, e.g. solver='falkon')"
-        )
-    elif target == "nystrom" and rows is not None and rows.shard is not None and plan.objective is None:
-        kind = "none"
-        # this rank's rows alone would give a variance of the wrong data set, silently; the all-ranks
-        # pass runs at fit, and only for a GP fit (learn=...), as in one process
-        reason = (
-            f"after a distributed fit without learn (solver {plan.solver.name!r}): the Nystrom variance needs "
-            "K_Mn K_nM summed over all ranks' rows, which a distributed fit computes only when it learns the "
-            "GP (learn=..., e.g. learn='sgpr'); one process computes it on first use"
-        )
+    """The Posterior of a fitted predictor; its variance strategy follows the solver's declared target."""
+    fit = FitInputs(
+        solver=plan.solver.name,
+        kernel=learned.kernel,
+        noise=learned.noise,
+        predictor=predictor,
+        centers=None if centers is None else centers.points,
+        train_X=None if rows is None else rows.X,
+        shard=None if rows is None else rows.shard,
+        learns=plan.objective is not None,
+    )
     return Posterior(
         kernel=learned.kernel,
         predictor=predictor,
         noise=learned.noise,
         offset=learned.mean,
         scaling=scaling,
-        variance_kind=kind,
-        centers=centers.points if (kind == "nystrom" and centers is not None) else None,
-        # a distributed fit's rows are this rank's only: its factors are built at fit (run) instead
-        train_X=rows.X if (kind == "nystrom" and rows is not None and rows.shard is None) else None,
-        no_variance_reason=reason,
+        variance=for_fit(plan.solver.capabilities.target, fit),
         input_scaling=input_scaling,
     )
 
@@ -408,12 +393,9 @@ def run(
     if plan.objective is not None and posterior.has_variance:
         with monitor.stage(f"variance ({posterior.variance_kind})"):
             try:
-                if rows.shard is not None and posterior.variance_kind == "nystrom" and not posterior.factors_built:
-                    # K_Mn K_nM summed over all ranks (the same factors on every rank)
-                    posterior.hand_on(
-                        nystrom_factors(learned.kernel, rows.X, centers.points, learned.noise, shard=rows.shard)
-                    )
-                posterior.factors()  # a GP fit builds what its std needs now (counted in the fit's time)
+                # a GP fit builds what its std needs now (counted in the fit's time; in a distributed fit the
+                # pass over all ranks' rows)
+                posterior.variance.build()
             except NotPSDError as exc:
                 # the mean is fitted and good: a failed variance must not throw the fit away (keggdirected)
                 warnings.warn(

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from ..registry import UnknownPluginError, get_solver
+from ..variance import legacy_state
 
 __all__ = ["upgrade"]
 
@@ -22,16 +23,10 @@ def upgrade(state: dict[str, Any]) -> dict[str, Any]:
     fitted = dict(state.get("fitted") or {})
     gp = dict(fitted.pop("gp", None) or {})
     solver = state.get("solver")
-    exact_like = isinstance(solver, str) and _exact_target(solver)
-    variance: dict[str, Any] = {"kind": "exact" if exact_like else "nystrom"}
-    old = gp.get("variance")
     predictor_state = state.pop("predictor_state", None)
-    if isinstance(old, dict):
-        variance["kind"] = old.get("kind")
-        variance["factors"] = old
-    if variance["kind"] == "nystrom":
-        centers = predictor_state.get("centers") if isinstance(predictor_state, dict) else None
-        variance["centers"] = old.get("points") if isinstance(old, dict) else centers
+    centers = predictor_state.get("centers") if isinstance(predictor_state, dict) else None
+    target = _target(solver) if isinstance(solver, str) else None
+    variance = legacy_state(target, gp.get("variance"), centers)
     like = torch.zeros(1, dtype=torch.float64)
     state["posterior"] = {
         "version": 1,
@@ -46,20 +41,19 @@ def upgrade(state: dict[str, Any]) -> dict[str, Any]:
     fitted["learning"] = {"history": list(gp.get("learn_history", [])), "refit": gp.get("learn_refit")}
     state["fitted"] = fitted
     n_features = fitted.get("n_features_in")
-    points = predictor_state.get("centers") if isinstance(predictor_state, dict) else None
-    if torch.is_tensor(points) and points.dim() == 2 and points.shape[0] >= 2:
-        state["probe"] = {"X": points[:2].clone()}
+    if torch.is_tensor(centers) and centers.dim() == 2 and centers.shape[0] >= 2:
+        state["probe"] = {"X": centers[:2].clone()}
     elif isinstance(n_features, int) and 0 < n_features <= 1_000_000:
         state["probe"] = {"X": torch.zeros(2, n_features, dtype=torch.float64)}
     return state
 
 
-def _exact_target(solver: str) -> bool:
+def _target(solver: str) -> str | None:
     try:
         plugin = get_solver(solver)
     except UnknownPluginError:
-        return False
-    return plugin.capabilities.target == "exact"
+        return None
+    return plugin.capabilities.target
 
 
 def _vector(value: Any, like: torch.Tensor, fill: float) -> torch.Tensor:

@@ -21,8 +21,11 @@ __all__ = [
     "DEFAULT_SPEC",
     "OracleData",
     "OracleSpec",
+    "dense_dtc_covariance",
+    "dense_exact_covariance",
     "dense_kernel",
     "dense_nystrom_mean",
+    "dense_pairs",
     "dense_posterior_mean",
     "make_oracle_data",
     "relative_error",
@@ -166,6 +169,49 @@ def dense_nystrom_mean(data: OracleData, X_eval: Tensor | None = None, centers: 
     return dense_kernel(kernel, X_eval, Z) @ alpha
 
 
+def dense_pairs(kernel: Any, A: Tensor, B: Tensor) -> Tensor:
+    """``K(A, B)`` in float64 on the CPU, each entry from its own pair of rows.
+
+    GPyTorch's ``diag=True`` evaluation of the ``a * b`` pairs: its dense evaluation centres the squared
+    distances on the rows' mean, which a far row among them moves (losing the other entries to rounding);
+    the pairs' differences are exact.
+    """
+    kernel = copy.deepcopy(kernel).to(torch.float64).cpu()
+    A, B = A.detach().double().cpu(), B.detach().double().cpu()
+    left, right = A.repeat_interleave(B.shape[0], dim=0), B.repeat(A.shape[0], 1)
+    with torch.no_grad():
+        return torch.as_tensor(kernel(left, right, diag=True)).reshape(A.shape[0], B.shape[0])
+
+
+def dense_exact_covariance(kernel: Any, X: Tensor, noise: float, X_eval: Tensor) -> Tensor:
+    """The exact GP's latent covariance at ``X_eval``, float64 (Rasmussen & Williams 2006, eq. 2.24).
+
+    ``K_ee - K_eX (K_XX + sigma^2 I)^{-1} K_Xe`` by a dense LU solve (:func:`dense_pairs` entries).
+    """
+    K = dense_pairs(kernel, X, X)
+    K.diagonal().add_(noise)
+    K_xe = dense_pairs(kernel, X, X_eval)
+    return dense_pairs(kernel, X_eval, X_eval) - K_xe.T @ torch.linalg.solve(K, K_xe)
+
+
+def dense_dtc_covariance(kernel: Any, X: Tensor, Z: Tensor, noise: float, X_eval: Tensor) -> Tensor:
+    """The DTC / SGPR latent covariance at ``X_eval`` on centers ``Z``, float64.
+
+    ``K_ee - K_eZ K_ZZ^{-1} K_Ze + sigma^2 K_eZ (sigma^2 K_ZZ + K_ZX K_XZ)^{-1} K_Ze`` (Titsias 2009,
+    eq. 6; Quinonero-Candela & Rasmussen 2005, eq. 20b), by dense LU solves (:func:`dense_pairs` entries).
+    """
+    K_zz = dense_pairs(kernel, Z, Z)
+    K_xz = dense_pairs(kernel, X, Z)
+    K_ze = dense_pairs(kernel, Z, X_eval)
+    S = noise * K_zz + K_xz.T @ K_xz
+    Q = K_ze.T @ torch.linalg.solve(K_zz, K_ze)
+    return dense_pairs(kernel, X_eval, X_eval) - Q + noise * K_ze.T @ torch.linalg.solve(S, K_ze)
+
+
+# the exact posterior mean also for a solver that uses centers only to precondition (target "exact")
+_MEAN_ORACLES = {"exact": dense_posterior_mean, "mean_only": dense_posterior_mean, "nystrom": dense_nystrom_mean}
+
+
 def target_oracle(target: str, data: OracleData, X_eval: Tensor | None = None) -> Tensor:
     """The oracle of a solver's declared ``Capabilities.target``.
 
@@ -175,7 +221,7 @@ def target_oracle(target: str, data: OracleData, X_eval: Tensor | None = None) -
     """
     if target not in TARGETS:
         raise ValueError(f"target: expected one of {TARGETS}, got {target!r}")
-    return dense_nystrom_mean(data, X_eval) if target == "nystrom" else dense_posterior_mean(data, X_eval)
+    return _MEAN_ORACLES[target](data, X_eval)
 
 
 def relative_error(pred: Tensor | np.ndarray, ref: Tensor | np.ndarray) -> float:

@@ -3,7 +3,11 @@
 O(n^3) time and one n x n matrix of memory: the kernel matrix is factored and solved in place (blocked
 Cholesky of :mod:`kgp.linalg`, on any device), so the peak is the kernel matrix itself
 (measured in docs/solvers/exact.md). It refuses n above ``kgp.settings.max_exact_size`` (default
-20,000; env ``KGP_MAX_EXACT_SIZE``) and a kernel matrix larger than ``kgp.settings.memory_budget``.
+20,000; env ``KGP_MAX_EXACT_SIZE``) and a kernel matrix larger than ``kgp.settings.memory_budget``
+(:func:`kgp.variance.check_dense_size`). The factor is handed on to the exact variance strategy
+(:class:`kgp.variance.ExactVariance`): ``predict(return_std=True)`` solves with it instead of factoring
+the same matrix again, and the fitted model holds it (n x n, like scikit-learn's
+``GaussianProcessRegressor.L_``).
 Its predictor is the kernel expansion over all training points: exactly the GP posterior mean with
 fixed noise, or kernel ridge regression with sklearn's ``alpha = sigma^2`` (FALKON's ``lambda = sigma^2 / n``).
 """
@@ -14,10 +18,9 @@ import torch
 from torch import Tensor
 
 import kgp
-from kgp import settings
 from kgp.linalg import NotPSDError, cholesky_in_place, flush_for_cholesky, solve_lower_in_place
 from kgp.plugin import KernelExpansion, Problem, Solution
-from kgp.variance import VarianceFactors
+from kgp.variance import ExactFactors, check_dense_size
 
 
 class ExactSolver:
@@ -27,33 +30,21 @@ class ExactSolver:
     # the exact GP posterior mean (and, in predict(return_std=True), its exact variance); one process only
     capabilities = kgp.Capabilities(target="exact")
 
-    def fit(self, problem: Problem) -> KernelExpansion:
+    def fit(self, problem: Problem) -> KernelExpansion | Solution:
         if problem.shard is not None and problem.shard.world_size > 1:
             raise ValueError(
                 f"solver 'exact' cannot fit row-sharded data ({problem.shard.world_size} ranks): it factors "
                 "the dense n x n kernel matrix of all rows in one process. Use solver='falkon' for a "
                 "distributed fit, or fit without distributed=True on one process holding all rows."
             )
-        n = problem.n
-        limit = settings.max_exact_size.value()
-        if n > limit:
-            gigabytes = n * n * problem.X.element_size() / 1e9
-            raise ValueError(
-                f"solver 'exact' builds the dense {n} x {n} kernel matrix ({gigabytes:.1f} GB); n={n} exceeds "
-                f"kgp.settings.max_exact_size={limit}. Use an iterative solver (solver='falkon'; "
-                f"command line: --solver falkon) or raise the limit with kgp.settings.max_exact_size({n}) "
-                f"(environment: KGP_MAX_EXACT_SIZE={n})."
-            )
-        budget = settings.memory_budget.value(problem.device)
-        matrix_bytes = n * n * problem.X.element_size()
-        if matrix_bytes > budget:
-            raise ValueError(
-                f"solver 'exact' needs the dense {n} x {n} kernel matrix ({matrix_bytes / 2**20:,.0f} MiB), more "
-                f"than kgp.settings.memory_budget={budget:,} bytes ({budget / 2**20:,.0f} MiB): it cannot stream "
-                "the matrix in blocks, it factors it whole. Raise the budget (kgp.settings.memory_budget(bytes); "
-                "environment: KGP_MEMORY_BUDGET) or use an iterative solver (solver='falkon'; command line: "
-                "--solver falkon)."
-            )
+        # it cannot stream the matrix in blocks: it factors it whole
+        check_dense_size(
+            problem.n,
+            problem.X.element_size(),
+            "solver 'exact'",
+            problem.device,
+            instead="use an iterative solver (solver='falkon'; command line: --solver falkon)",
+        )
         problem.monitor.start(total=1, desc="exact")
         with torch.no_grad():
             K = problem.kernel_operator(problem.X).to_dense().detach()
@@ -68,7 +59,7 @@ class ExactSolver:
         if not problem.want_variance:
             return predictor
         # the exact variance needs this very factor (Rasmussen & Williams 2006, Alg. 2.1): hand it on
-        return Solution(predictor, VarianceFactors("exact", problem.X, L, None, problem.noise))
+        return Solution(predictor, ExactFactors(problem.X, L, problem.noise))
 
 
 def _solve_in_place(A: Tensor, y: Tensor, *, noise: float) -> tuple[Tensor, Tensor]:

@@ -1,0 +1,242 @@
+"""The Nystrom / DTC variance (solvers declaring ``Capabilities(target="nystrom")``, e.g. FALKON).
+
+The DTC / SGPR predictive variance of the latent f on the M centers Z (Titsias 2009, eq. 6;
+Quinonero-Candela & Rasmussen 2005, eq. 20b), with ``Q(x, x) = k_Mx^T K_MM^{-1} k_Mx``::
+
+    var f(x) = k(x, x) - Q(x, x) + sigma^2 k_Mx^T (sigma^2 K_MM + K_Mn K_nM)^{-1} k_Mx
+
+           = k(x, x) - ||L^{-1} k_Mx||^2 + sigma^2 ||L_s^{-1} k_Mx||^2,
+
+with ``L L^T = K_MM`` and ``L_s L_s^T = sigma^2 K_MM + K_Mn K_nM``. Building the factors costs one streamed
+pass over the n training rows (``K_Mn K_nM`` accumulated in row blocks, O(n M^2)) and two M x M Cholesky
+factorisations; after that a query row costs O(M^2).
+
+The factors of a float32 model are built and used in float64 (the inputs and the kernel are cast, the
+result rounded back): the variance is the difference of two nearly equal quadratic forms, which float32
+resolves to a few percent at best (docs/gp-workflow.md). The cost is the Gram pass at the float64 rate
+and 2 M^2 float64 numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import gpytorch
+import torch
+from torch import Tensor
+
+from ..linalg import psd_cholesky
+from ..operators import kernel_operator
+from ..posterior_checks import PosteriorStateError, cpu_copy
+from .base import (
+    FitInputs,
+    LoadContext,
+    VarianceFactors,
+    VarianceStrategy,
+    check_cholesky,
+    latent_covariance,
+    latent_variance,
+    working_kernel,
+)
+from .none import NoVariance
+
+__all__ = ["NystromFactors", "NystromVariance", "nystrom_factors"]
+
+
+@dataclass
+class NystromFactors(VarianceFactors):
+    """``chol`` = lower Cholesky factor of ``K_MM`` and ``chol_s`` of ``noise K_MM + K_Mn K_nM``, on ``points`` = Z."""
+
+    kind: ClassVar[str] = "nystrom"
+    points: Tensor
+    chol: Tensor
+    chol_s: Tensor
+    noise: float
+
+    def projections(self, kx: Tensor) -> list[tuple[float, Tensor]]:
+        return [
+            (-1.0, torch.linalg.solve_triangular(self.chol, kx, upper=False)),
+            (self.noise, torch.linalg.solve_triangular(self.chol_s, kx, upper=False)),
+        ]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "points": self.points,
+            "chol": self.chol,
+            "noise": float(self.noise),
+            "chol_s": self.chol_s,
+        }
+
+
+def nystrom_factors(
+    kernel: gpytorch.kernels.Kernel, X: Tensor, Z: Tensor, noise: float, shard: Any = None
+) -> NystromFactors:
+    """Cholesky factors of ``K_MM`` and ``noise K_MM + K_Mn K_nM`` (one streamed pass over X), float64 for float32.
+
+    ``shard``: in a distributed fit, ``X`` is this rank's rows and ``K_Mn K_nM`` is summed over all
+    ranks' rows (one all-reduce of ``M x M``); every rank then holds the same factors.
+
+    Raises
+    ------
+    kgp.linalg.NotPSDError
+        If a factor fails after up to 12 tenfold jitters.
+    """
+    if X.dtype == torch.float32:
+        kernel, X, Z = working_kernel(kernel, torch.float64), X.double(), Z.double()
+    with torch.no_grad():
+        kmm = kernel_operator(kernel, Z).to_dense()
+        S = kernel_operator(kernel, X, Z, shard=shard).gram().add_(kmm, alpha=noise)
+        S = 0.5 * (S + S.T)  # kmm is symmetric only to rounding
+        # up to 12 tenfold jitters, from eps to ~1e-5 of the mean diagonal: a learned GP with M = 11,241
+        # (UCI keggdirected, float64) needed the sixth; a jitter that size moves the std only in
+        # directions the centers cannot tell apart, which rounding already blurs
+        remedy = "use fewer or better-spread centers (n_centers) or a larger noise"
+        L = psd_cholesky(kmm, max_tries=12, what="K_MM of the centers", remedy=remedy)
+        L_s = psd_cholesky(S, max_tries=12, what="noise*K_MM + K_Mn K_nM", remedy=remedy)
+    return NystromFactors(Z, L, L_s, noise)
+
+
+class NystromVariance(VarianceStrategy):
+    """The DTC variance on the centers (module docstring).
+
+    Parameters
+    ----------
+    kernel:
+        The fitted kernel.
+    centers:
+        The ``M x d`` centers Z.
+    noise:
+        sigma^2.
+    train_X:
+        The training rows the factors are built from (one pass), or None when the factors are given.
+    shard:
+        In a distributed fit: ``train_X`` is this rank's rows and the build sums over all ranks. The
+        all-ranks pass runs once, at fit; the rows are dropped after it.
+    factors:
+        The factors, when already computed (at fit, or stored in a model file).
+    """
+
+    kind: ClassVar[str] = "nystrom"
+
+    def __init__(
+        self,
+        kernel: gpytorch.kernels.Kernel,
+        centers: Tensor,
+        noise: float,
+        *,
+        train_X: Tensor | None = None,
+        shard: Any = None,
+        factors: NystromFactors | None = None,
+    ):
+        self.kernel = kernel
+        self.centers = centers
+        self.noise = float(noise)
+        self.train_X = train_X
+        self.shard = shard
+        self.factors = factors
+
+    @classmethod
+    def for_fit(cls, fit: FitInputs) -> VarianceStrategy:
+        if fit.centers is None:
+            return NoVariance(f"solver {fit.solver!r} declares a Nystrom target but the fit has no centers")
+        if fit.shard is not None and not fit.learns:
+            # this rank's rows alone would give a variance of the wrong data set, silently; the all-ranks
+            # pass runs at fit, and only for a GP fit (learn=...)
+            return NoVariance(
+                f"after a distributed fit without learn (solver {fit.solver!r}): the Nystrom variance needs "
+                "K_Mn K_nM summed over all ranks' rows, which a distributed fit computes only when it learns the "
+                "GP (learn=..., e.g. learn='sgpr'); one process computes it on first use"
+            )
+        return cls(fit.kernel, fit.centers, fit.noise, train_X=fit.train_X, shard=fit.shard)
+
+    @property
+    def built(self) -> bool:
+        return self.factors is not None
+
+    def build(self) -> None:
+        if self.factors is not None:
+            return
+        if self.train_X is None:
+            raise ValueError(
+                "return_std=True: the Nystrom variance needs one pass over the training rows, which this "
+                "posterior no longer holds"
+            )
+        try:
+            self.factors = nystrom_factors(self.kernel, self.train_X, self.centers, self.noise, shard=self.shard)
+        finally:
+            if self.shard is not None:  # the collective pass runs on every rank at fit, never later on one
+                self.train_X = self.shard = None
+
+    def adopt(self, factors: Any) -> bool:
+        if not isinstance(factors, NystromFactors) or factors.points.shape != self.centers.shape:
+            return False
+        self.factors = factors
+        return True
+
+    def latent_variance(self, Xq: Tensor) -> Tensor:
+        self.build()
+        return latent_variance(self.kernel, Xq, self.factors)
+
+    def latent_covariance(self, Xq: Tensor) -> Tensor:
+        self.build()
+        return latent_covariance(self.kernel, Xq, self.factors)
+
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"kind": self.kind, "centers": cpu_copy(self.centers)}
+        # whichever is smaller: the two M x M factors, or the n x d rows they are built from
+        factors_size = 2 * self.centers.shape[0] ** 2
+        rows_size = math.inf if self.train_X is None else self.train_X.numel()
+        if self.factors is not None and factors_size <= rows_size:
+            state["factors"] = self.factors.to_cpu()
+        elif self.train_X is not None:
+            state["train_X"] = cpu_copy(self.train_X)
+        return state
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any], context: LoadContext) -> VarianceStrategy:
+        check = context.check
+        centers = check.points(state.get("centers"), "variance.centers", cols=context.n_features)
+        centers = centers.to(device=context.device, dtype=context.dtype)
+        factors = train_X = None
+        if "factors" in state:
+            factors = _factors_from_state(state["factors"], context)
+            if factors.points.shape[0] != centers.shape[0]:
+                raise PosteriorStateError(
+                    "posterior.variance.factors.points: expected the "
+                    f"{centers.shape[0]} centers, got {factors.points.shape[0]} rows"
+                )
+        elif "train_X" in state:
+            train_X = check.points(state["train_X"], "variance.train_X", cols=context.n_features)
+            train_X = train_X.to(context.device, context.dtype)
+        return cls(context.kernel, centers, context.noise, train_X=train_X, factors=factors)
+
+    @classmethod
+    def legacy_state(cls, factors: Mapping[str, Any] | None, predictor_centers: Any) -> dict[str, Any]:
+        state = super().legacy_state(factors, predictor_centers)
+        state["centers"] = factors.get("points") if factors is not None else predictor_centers
+        return state
+
+
+def _factors_from_state(raw: Any, context: LoadContext) -> NystromFactors:
+    check = context.check
+    state = check.mapping(raw, "variance.factors")
+    if state.get("kind") != NystromFactors.kind:
+        raise PosteriorStateError(
+            f"posterior.variance.factors.kind: expected {NystromFactors.kind!r} (the variance kind), "
+            f"got {state.get('kind')!r}"
+        )
+    points = check.points(state.get("points"), "variance.factors.points", cols=context.n_features)
+    p = points.shape[0]
+    chol = check.matrix(state.get("chol"), "variance.factors.chol", rows=p, cols=p)
+    check_cholesky(chol, "variance.factors.chol")
+    chol_s = check.matrix(state.get("chol_s"), "variance.factors.chol_s", rows=p, cols=p)
+    check_cholesky(chol_s, "variance.factors.chol_s")
+    noise = check.positive_number(state.get("noise"), "variance.factors.noise")
+    # a float32 model's factors are float64 (module docstring): keep what the file holds if it is wider
+    work = torch.float64 if chol.dtype == torch.float64 else context.dtype
+    to = {"device": context.device, "dtype": work}
+    return NystromFactors(points.to(**to), chol.to(**to), chol_s.to(**to), noise)
