@@ -22,6 +22,8 @@ class TestNystromDirect(SolverConformance):
 
 class TestKMeansPP(SelectorConformance):
     selector_name = "kmeans++"
+    data_rows = True  # k-means++ seeding picks rows of X: the kit checks every center is one
+    invalid_options = ({"n_local_trials": 0}, {"metric": "cosine"})
     solver = "nystrom-direct"
     rtol = 1e-9
 
@@ -29,5 +31,6 @@ class TestKMeansPP(SelectorConformance):
 class TestKMeansPPEuclideanGreedy(SelectorConformance):
     selector_name = "kmeans++"
     selector_options = {"metric": "euclidean", "n_local_trials": 3}
+    data_rows = True
     solver = "nystrom-direct"
     rtol = 1e-9
