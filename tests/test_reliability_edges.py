@@ -150,3 +150,123 @@ def test_holdout_profiled_mean_equals_the_dense_gls_oracle():
 
     assert value == pytest.approx(score(gls) + float((start.detach() - gls).square().sum()), rel=1e-9)
     assert plain == pytest.approx(score(start.detach()), rel=1e-9)
+
+
+# ---------------------------------------------------------------------- Nystrom centers that under-resolve
+def _rough(n=1500, d=6, seed=0):
+    g = np.random.default_rng(seed)
+    X = g.standard_normal((n, d))
+    return X, np.sin(2 * X).sum(1) + 0.05 * g.standard_normal(n)
+
+
+def _dense_unresolved(model, X, rows=256):
+    """tr(K - K_nM K_MM^-1 K_Mn) / tr(K) on the evenly spaced rows the check uses, by a dense solve (no jitter)."""
+    kernel = model.kernel_
+    Z = torch.as_tensor(model.centers_)
+    S = torch.from_numpy(X)[torch.linspace(0, len(X) - 1, rows).round().long()]
+    with torch.no_grad():
+        k_mm, k_ms = kernel(Z).to_dense(), kernel(Z, S).to_dense()
+        explained = (k_ms * torch.linalg.lstsq(k_mm, k_ms).solution).sum(0)
+        diagonal = kernel(S, diag=True)
+    return float((diagonal - explained).sum() / diagonal.sum())
+
+
+@pytest.mark.parametrize("solver", ["falkon", "eigenpro"])
+def test_nystrom_centers_that_under_resolve_the_kernel_are_reported(solver):
+    X, y = _rough()
+    params = dict(kernel="rbf", lengthscale=1.0, noise=1e-2, solver=solver, random_state=0)
+    with pytest.warns(kgp.AccuracyWarning, match=r"resolve the kernel poorly") as record:
+        model = kgp.KernelRegressor(**params).fit(X, y)  # the default 194 centers, 6 dimensions
+    message = str(record[0].message)
+    reported = float(message.split("leave ")[1].split("%")[0]) / 100
+    assert reported == pytest.approx(_dense_unresolved(model, X), abs=0.01)  # the jitter's share, at most
+    assert "n_centers=776" in message and "learn='auto'" in message
+    # the warning is right: the exact solve with the same hyperparameters is far better on new rows
+    Xq, yq = _rough(500, seed=1)
+    exact = kgp.KernelRegressor(**{**params, "solver": "exact"}).fit(X, y)
+
+    def r2(m):
+        return 1 - ((m.predict(Xq) - yq) ** 2).mean() / yq.var()
+
+    assert r2(exact) - r2(model) > 0.1  # measured 0.94 against 0.78 (falkon)
+
+
+@pytest.mark.parametrize("solver", ["falkon", "eigenpro"])
+def test_nystrom_centers_that_resolve_the_kernel_are_silent(solver):
+    g = np.random.default_rng(0)
+    X = g.standard_normal((1500, 2))
+    y = np.sin(X).sum(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", kgp.AccuracyWarning)
+        model = kgp.KernelRegressor("rbf", noise=1e-2, solver=solver, random_state=0).fit(X, y)
+    assert _dense_unresolved(model, X) < 1e-3
+
+
+# ---------------------------------------------------------------------- the model file's probe covers the std
+def _resave(state, path):
+    from kgp import io
+
+    contents = {k: v for k, v in state.items() if k not in ("format", "format_version", "checksum")}
+    io.write_model(contents, path)  # the checksum recomputed: only the contents' own checks can refuse it
+
+
+def _edits(state, X_other):
+    variance = state["posterior"]["variance"]
+    yield "noise x1e8", lambda s: s["posterior"].__setitem__("noise", s["posterior"]["noise"] * 1e8)
+    if "train_X" in variance:
+        yield (
+            "training rows replaced",
+            lambda s: s["posterior"]["variance"].__setitem__(
+                "train_X", X_other[: variance["train_X"].shape[0]].to(variance["train_X"].dtype)
+            ),
+        )
+    if "centers" in variance:
+        yield (
+            "centers replaced",
+            lambda s: s["posterior"]["variance"].__setitem__(
+                "centers", X_other[-variance["centers"].shape[0] :].to(variance["centers"].dtype)
+            ),
+        )
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        dict(solver="exact"),
+        dict(solver="exact", learn="exact", learn_options={"iterations": 5}),
+        dict(solver="falkon", n_centers=40, learn="sgpr", learn_options={"iterations": 5}),
+    ],
+    ids=["exact", "exact-learned", "nystrom"],
+)
+def test_model_file_whose_variance_entries_alone_were_edited_is_refused(tmp_path, params):
+    import copy
+
+    from kgp import io
+
+    X, y = _data(300)
+    X_other = torch.from_numpy(_data(300, seed=5)[0] * 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", kgp.ConvergenceWarning)
+        model = kgp.KernelRegressor("rbf", random_state=0, **params).fit(X, y)
+    path = tmp_path / "m.pt"
+    model.save(path)
+    state = io.read_model(path)
+    assert "std" in state["probe"] and "std_with_noise" in state["probe"]
+    loaded = kgp.load(path)  # the untouched file loads, with the same std
+    np.testing.assert_allclose(
+        loaded.predict(X[:5], return_std=True)[1], model.predict(X[:5], return_std=True)[1], rtol=1e-9
+    )
+    edits = list(_edits(state, X_other))
+    assert len(edits) == (3 if params["solver"] == "falkon" else 1)
+    for name, edit in edits:
+        changed = copy.deepcopy(state)
+        edit(changed)
+        _resave(changed, tmp_path / "edited.pt")
+        with pytest.raises(kgp.ModelFileError, match="the std at the probe rows differs"):
+            kgp.load(tmp_path / "edited.pt")
+        # the edit leaves the mean at the probe as it was: the mean's probe alone let these files through
+        del changed["probe"]["std"], changed["probe"]["std_with_noise"]
+        _resave(changed, tmp_path / "edited.pt")
+        mean_only = kgp.load(tmp_path / "edited.pt")
+        ratio = mean_only.predict(X[:5], return_std=True)[1] / model.predict(X[:5], return_std=True)[1]
+        assert np.abs(np.log10(ratio)).max() > 0.3, name  # the std it would have given

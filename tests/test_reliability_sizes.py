@@ -121,3 +121,36 @@ def test_model_file_declaring_more_than_available_memory_is_refused(tmp_path, mo
     monkeypatch.setenv("KGP_AVAILABLE_MEMORY", "1000")
     with pytest.raises(kgp.ModelFileError, match="more than the available memory"):
         kgp.load(path)
+
+
+def test_eigenpro_refuses_a_cholesky_projection_beyond_available_memory(monkeypatch):
+    monkeypatch.setenv("KGP_AVAILABLE_MEMORY", str(16 * 2**20))
+    X, y = _data(1500)
+    model = kgp.KernelRegressor(
+        "rbf", solver="eigenpro", n_centers=1000, solver_options={"projection": "cholesky"}, random_state=0
+    )
+    with LargestTensor() as probe, pytest.raises(kgp.InsufficientMemoryError) as info:
+        model.fit(X, y)
+    message = str(info.value)
+    # three float64 1,000 x 1,000 arrays (24 MB) and the model-size arrays, above 16 MiB
+    assert "n_centers=1,000 and projection='cholesky'" in message and "'projection': 'eigenpro2'" in message
+    assert probe.largest < 1000 * 1000
+
+
+def test_eigenpro_announces_a_long_run_with_its_size(monkeypatch):
+    from kgp_builtins.eigenpro import budget
+
+    X, y = _data(1200)
+    # a run of 10 epochs x 1,200 rows x 300 centers = 3.6e6 entries, announced under a threshold of 1e6
+    monkeypatch.setattr(budget, "LONG_RUN_ENTRIES", {"cpu": 1e6, "accelerator": 1e6})
+    with pytest.warns(kgp.CostWarning) as record:
+        kgp.KernelRegressor("rbf", solver="eigenpro", n_centers=300, random_state=0).fit(X, y)
+    message = str(record[0].message)
+    assert "10 epochs over n=1,200 rows with n_centers=300 form 3.6e+06 kernel entries" in message
+    assert "n_centers" in message and "'epochs'" in message
+    monkeypatch.undo()
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", kgp.CostWarning)  # the real threshold: an ordinary fit is not announced
+        kgp.KernelRegressor("rbf", solver="eigenpro", n_centers=300, random_state=0).fit(X, y)

@@ -9,8 +9,9 @@ Layout (tensors and plain values only; the container, version and checksum are :
     posterior     kgp.Posterior.state_dict(): version, noise, offset, target scaling, predictor, variance
     fitted        n_features_in, seed, the targets' description, feature names, center weights,
                   learning history and refit
-    probe         two input rows and the posterior mean there at save time: the rebuilt model must
-                  reproduce them (every entry that shapes a prediction is checked together)
+    probe         two input rows, the posterior mean there at save time and, where the variance is cheap
+                  to have (:func:`_probe_std`), the latent std: the rebuilt model must reproduce them
+                  (every entry that shapes a prediction or its std is checked together)
 
 Every entry is checked before anything it sizes is allocated (:func:`check_contents`); files of format
 versions 1 and 2 (kgp before the Posterior) are read through :func:`upgrade`.
@@ -77,6 +78,10 @@ def save_model(model: Any, path) -> None:
     probe = _probe_rows(model)
     with torch.no_grad():
         probe_mean = model.posterior_.mean(probe)
+    recorded = {"X": probe.detach().cpu(), "mean": probe_mean.detach().cpu()}
+    std = _probe_std(model.posterior_, probe)
+    if std is not None:
+        recorded["std"], recorded["std_with_noise"] = (v.detach().cpu() for v in std)
     io.write_model(
         {
             "estimator": type(model).__name__,
@@ -86,7 +91,7 @@ def save_model(model: Any, path) -> None:
             "solver": model.solver_name_,
             "posterior": model.posterior_.state_dict(),
             "fitted": fitted,
-            "probe": {"X": probe.detach().cpu(), "mean": probe_mean.detach().cpu()},
+            "probe": recorded,
         },
         path,
     )
@@ -109,7 +114,11 @@ def _probe_rows(model: Any) -> torch.Tensor:
     """Two rows where the saved model's mean is recorded: the first centers, or zeros."""
     points = getattr(model.posterior_.predictor, "centers", None)
     if torch.is_tensor(points) and points.dim() == 2 and points.shape[0] >= 2:
-        return points[:2].detach().to(dtype=model.dtype_)
+        points = points[:2].detach()
+        scaling = model.posterior_.input_scaling
+        if scaling is not None:  # the predictor's centers are standardised; the probe is in the user's units
+            points = scaling.undo(points)  # (else, far outside the data, the std there is the prior's)
+        return points.to(dtype=model.dtype_)
     return torch.zeros(2, model.n_features_in_, dtype=model.dtype_, device=model.device_)
 
 
@@ -269,8 +278,33 @@ def model_from_state(cls: type, state: dict[str, Any], path, device: torch.devic
     return model
 
 
+# the probe's std is recorded when the variance is built, or building it costs at most this many flops and
+# keeps at most PROBE_STD_BYTES (a save never turns into minutes of work or a large allocation)
+PROBE_STD_FLOPS = 1e10
+PROBE_STD_BYTES = 64 * 2**20
+
+
+def _probe_std(posterior: Any, probe: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The latent std at the probe rows and the std of a new observation there (the noise included), in the
+    targets' units; None without a variance, or where building it would cost more than
+    :data:`PROBE_STD_FLOPS` / :data:`PROBE_STD_BYTES`."""
+    variance = getattr(posterior, "variance", None)
+    if variance is None or not posterior.has_variance:
+        return None
+    cost = variance.build_cost()
+    if cost is None or cost[0] > PROBE_STD_FLOPS or cost[1] > PROBE_STD_BYTES:
+        return None
+    try:
+        with torch.no_grad():
+            std = posterior.std(probe), posterior.std(probe, include_noise=True)
+    except (ValueError, RuntimeError):
+        return None  # a variance that cannot be built (e.g. not positive definite) is not recorded
+    return std if all(bool(torch.isfinite(v).all()) for v in std) else None
+
+
 def check_probe(model: Any, state: dict[str, Any], path) -> None:
-    """The rebuilt model's mean at the file's probe rows must be the one recorded at save time."""
+    """The rebuilt model's mean at the file's probe rows must be the one recorded at save time, and so must
+    its std where the file records one (the variance entries: noise, training rows, centers, factors)."""
     probe = state["probe"]
     X = probe["X"].to(device=model.device_, dtype=model.dtype_)
     expected = probe.get("mean")
@@ -307,6 +341,43 @@ def check_probe(model: Any, state: dict[str, Any], path) -> None:
         raise ModelFileError(
             f"{path}: inconsistent model file: the mean at the probe rows differs from the one recorded at save "
             "time (an entry of kernel_state or posterior was changed)"
+        )
+    _check_probe_std(model, probe, X, path)
+
+
+def _check_probe_std(model: Any, probe: dict[str, Any], X: torch.Tensor, path) -> None:
+    """The std at the probe rows against the recorded one: changed variance entries (a noise x1e8, replaced
+    training rows or centers) leave the mean as it was and move the std by orders of magnitude."""
+    for key, include_noise in (("std", False), ("std_with_noise", True)):
+        expected = probe.get(key)
+        if expected is not None:  # None: not recorded (no variance, or too costly to build at save time)
+            _compare_probe_std(model.posterior_, expected, X, include_noise, f"probe.{key}", path)
+
+
+def _compare_probe_std(posterior: Any, expected: Any, X: torch.Tensor, include_noise: bool, key: str, path):
+    if not torch.is_tensor(expected) or expected.dim() != 2 or expected.shape[0] != X.shape[0]:
+        raise ModelFileError(f"{path}: invalid model file: {key} must be the std at probe.X (2 x outputs)")
+    if not posterior.has_variance:
+        raise ModelFileError(f"{path}: inconsistent model file: {key} records a std, but the posterior has no variance")
+    try:
+        with torch.no_grad():
+            got = posterior.std(X, include_noise)
+    except (ValueError, RuntimeError, IndexError, TypeError) as exc:
+        raise ModelFileError(
+            f"{path}: inconsistent model file: its variance fails on the probe rows ({type(exc).__name__}: "
+            f"{io.one_line(exc)})"
+        ) from None
+    if tuple(got.shape) != tuple(expected.shape):
+        raise ModelFileError(f"{path}: invalid model file: {key} must have the shape {tuple(got.shape)}")
+    # compared in the scaled units the kernel works in, where the prior std is about 1: rounding of another
+    # BLAS code path moves it by far less than 1e-3, a changed noise or set of rows by orders more
+    unit = posterior.scaling.std.reshape(1, -1).double()
+    difference = ((got.double() - expected.to(device=got.device, dtype=torch.float64)) / unit).abs().max()
+    scale = float((expected.to(device=got.device, dtype=torch.float64) / unit).abs().max())
+    if not bool(torch.isfinite(got).all()) or float(difference) > 1e-4 + 1e-3 * scale:
+        raise ModelFileError(
+            f"{path}: inconsistent model file: the std at the probe rows differs from the one recorded at save "
+            f"time ({key}; a variance entry of posterior was changed: the noise, the training rows or the centers)"
         )
 
 

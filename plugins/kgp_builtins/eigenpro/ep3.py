@@ -30,7 +30,8 @@ from kgp.linalg import solve_lower_wide
 from kgp.options import Option
 from kgp.plugin import KernelExpansion, Problem
 
-from .budget import ITEMSIZE, block_rows, kernel_diagonal
+from ..resolution import warn_if_under_resolved
+from .budget import ITEMSIZE, block_rows, check_center_sizes, kernel_diagonal
 from .features import features_fit, features_pay, whitened_features
 from .iterates import EpochLog, TailAverage, checked_targets
 from .nystrom import (
@@ -125,6 +126,7 @@ class EigenPro3Solver:
                 points="centers",
                 device=problem.device,
             )
+        check_center_sizes(self.name, problem, p, q, projection, opts["epochs"], y.shape[1])
         sigma2 = float(problem.noise) if opts["regularization"] == "ridge" else 0.0
         gen = problem.generator
         kop = problem.kernel_operator
@@ -147,6 +149,12 @@ class EigenPro3Solver:
                 if projection == "cholesky"
                 else EigenPro2Projection(kop, Z, s2, q2, opts["projection_epochs"], gen)
             )
+            if isinstance(proj, CholeskyProjection):  # the factor of K_ZZ is at hand: r p^2 flops for the check
+                L64 = proj.L.to(torch.float64)
+                warn_if_under_resolved(
+                    owner, problem, Z, lambda k_zr: torch.linalg.solve_triangular(L64, k_zr, upper=False)
+                )
+                del L64
             whitened = projection == "cholesky" and opts["correction"] == "projected"
             # Phi = K(X, Z) L^{-T} is kept when it fits the budget and pays for itself (features.py), decided
             # once the batch is known; its rows of H are then the curvature's L^{-1} K(Z, H). A distributed

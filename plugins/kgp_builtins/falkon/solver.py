@@ -12,6 +12,7 @@ kernel expansion over the centers.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -20,6 +21,7 @@ import kgp
 from kgp.options import Option
 from kgp.plugin import KernelExpansion, Problem
 
+from ..resolution import warn_if_under_resolved
 from .cg import conjugate_gradient
 from .precision import DISTANCE_SWITCH, float32_jitter, kernel_resolution
 from .preconditioner import build_preconditioner
@@ -224,6 +226,7 @@ class FalkonSolver:
                 # all-gather; a broadcast of the factors only when they differ)
                 factors = (prec.T, prec.A, prec.Q, prec.t_diag, prec.a_diag)
                 problem.shard.replicate_([t for t in factors if t is not None])
+            warn_if_under_resolved("solver 'falkon'", problem, problem.centers.points, _whitening(prec))
             facts = {"factorization": prec.method, "rank": prec.rank, **facts}
             facts["precond_dtype"] = prec.precision or str(prec.dtype).replace("torch.", "")
             if prec.shift:
@@ -274,3 +277,18 @@ class FalkonSolver:
             jitter = float32_jitter(resolution)
         facts = {"distances": "float64" if distance_dtype is not None else "float32", "kernel_error": resolution}
         return facts, distance_dtype, jitter
+
+
+def _whitening(prec) -> Callable[[Tensor], Tensor]:
+    """``K_Mr -> T^{-T} Q^T D K_Mr``: with ``T^T T = D K_MM D + shift I`` its squared column norms are the
+    Nystrom approximation ``k_xM K_MM^{-1} k_Mx`` of the kernel's diagonal (:mod:`..resolution`)."""
+
+    def whiten(k_mr: Tensor) -> Tensor:
+        v = k_mr if prec.d is None else k_mr * prec.d.to(k_mr.dtype).unsqueeze(-1)
+        if prec.T is None:  # eigen path: Q diag(t) is the factor
+            return (prec.Q.to(v.dtype).mT @ v) / prec.t_diag.to(v.dtype).unsqueeze(-1)
+        if prec.keep is not None:
+            v = v[prec.keep]
+        return prec._solve("T", v.to(prec.dtype), upper=False)
+
+    return whiten
