@@ -276,9 +276,10 @@ def sampling_factor(cov: Tensor) -> Tensor:
 
     The covariance is scaled to a correlation matrix first (``D^{-1/2} cov D^{-1/2}``, ``D`` its
     diagonal), so rows whose variances differ by many orders of magnitude (a far row at the prior
-    variance beside rows the data pin down) are factored on one scale; its eigendecomposition then
-    replaces the negative eigenvalues rounding leaves by 0 (no jitter: the draws' variances stay the
-    diagonal). Rows of zero variance get zero rows of ``A``. O(q^3).
+    variance beside rows the data pin down) are factored on one scale. Its Cholesky factor is used where
+    it exists (O(q^3 / 3)); otherwise (a singular or, by rounding, slightly indefinite matrix: repeated
+    rows, rows at the data) its eigendecomposition with the negative eigenvalues set to 0 (no jitter:
+    the draws' variances stay the diagonal). Rows of zero variance get zero rows of ``A``.
     """
     C = cov.to(torch.float64)
     scale = C.diagonal().clamp_min(0.0).sqrt()
@@ -286,5 +287,9 @@ def sampling_factor(cov: Tensor) -> Tensor:
     inverse = torch.where(positive, 1.0 / torch.where(positive, scale, torch.ones_like(scale)), torch.zeros_like(scale))
     R = C * inverse.unsqueeze(1) * inverse.unsqueeze(0)
     R = 0.5 * (R + R.mT)
+    if bool(positive.all()):
+        L, info = torch.linalg.cholesky_ex(R)
+        if int(info) == 0 and bool(torch.isfinite(L).all()):
+            return scale.unsqueeze(1) * L
     eigenvalues, U = torch.linalg.eigh(R)
     return scale.unsqueeze(1) * (U * eigenvalues.clamp_min(0.0).sqrt())

@@ -87,13 +87,15 @@ def test_sample_y_with_a_far_row_draws_with_the_predicted_mean_and_std(solver, e
     np.testing.assert_array_equal(draws, model.sample_y(batch, n_samples=n, random_state=0))
 
 
-def test_the_sampling_factor_reproduces_a_badly_scaled_singular_covariance():
-    """Variances 1e-20 to 1e10, a repeated row (rank deficient) and a rounding-negative eigenvalue."""
+@pytest.mark.parametrize("singular", [False, True])
+def test_the_sampling_factor_reproduces_a_badly_scaled_covariance(singular):
+    """Variances 1e-20 to 1e10; singular: a repeated row whose variance rounded down (an eigenvalue -1e-15)."""
     base = torch.tensor([[1.0, 0.6, 0.2], [0.6, 1.0, 0.3], [0.2, 0.3, 1.0]], dtype=torch.float64)
-    C = torch.zeros(4, 4, dtype=torch.float64)
+    C = torch.eye(4, dtype=torch.float64)
     C[:3, :3] = base
-    C[3, :3] = C[:3, 3] = base[2]
-    C[3, 3] = 1.0 - 1e-15  # row 3 repeats row 2, its variance rounded down: one eigenvalue is -1e-15
+    if singular:
+        C[3, :3] = C[:3, 3] = base[2]
+        C[3, 3] = 1.0 - 1e-15
     scale = torch.tensor([1e-10, 1.0, 1e5, 1e5], dtype=torch.float64)
     cov = C * scale[:, None] * scale[None, :]
     A = sampling_factor(cov)
@@ -145,3 +147,14 @@ def test_no_module_outside_kgp_variance_dispatches_on_the_variance_kind():
     )
     hits = [f"{p}:{i}" for p in files for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
     assert hits == []
+
+
+def test_build_cost_says_what_a_first_std_would_cost():
+    model = kgp.KernelRegressor("rbf", noise=1e-2, solver="exact").fit(X, Y)
+    assert model.posterior_.variance.build_cost() == (0.0, 0)  # the solver's factor was adopted
+    n = len(X)
+    unbuilt = ExactVariance(model.kernel_, model.posterior_.predictor.centers, model.noise_)
+    assert unbuilt.build_cost() == (n**3 / 3, 8 * n * n)
+    falkon = kgp.KernelRegressor("rbf", noise=1e-2, solver="falkon", n_centers=40, random_state=0).fit(X, Y)
+    assert falkon.posterior_.variance.build_cost() == (n * 40**2 + 40**3, 16 * 40**2)
+    assert NoVariance("no reason").build_cost() is None

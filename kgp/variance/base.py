@@ -208,6 +208,13 @@ class VarianceStrategy(abc.ABC):
             Where a factorisation fails.
         """
 
+    def build_cost(self) -> tuple[float, int] | None:
+        """The floating-point operations and bytes :meth:`build` would take now.
+
+        ``(0, 0)`` when built; None when it cannot build (no variance, or what it needs is gone).
+        """
+        return (0.0, 0) if self.built else None
+
     def adopt(self, factors: Any) -> bool:
         """Take factors the solver computed anyway (:class:`kgp.plugin.Solution`); False where they do not fit."""
         return False

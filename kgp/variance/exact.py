@@ -117,6 +117,12 @@ class ExactVariance(VarianceStrategy):
         if self.factors is None:
             self.factors = exact_factors(self.kernel, self.points, self.noise)
 
+    def build_cost(self) -> tuple[float, int] | None:
+        if self.factors is not None:
+            return (0.0, 0)
+        n = self.points.shape[0]
+        return (n**3 / 3, n * n * self.points.element_size())  # the Cholesky factor of the n x n matrix
+
     def adopt(self, factors: Any) -> bool:
         if not isinstance(factors, ExactFactors) or factors.points.shape != self.points.shape:
             return False

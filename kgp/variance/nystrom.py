@@ -171,6 +171,15 @@ class NystromVariance(VarianceStrategy):
             if self.shard is not None:  # the collective pass runs on every rank at fit, never later on one
                 self.train_X = self.shard = None
 
+    def build_cost(self) -> tuple[float, int] | None:
+        if self.factors is not None:
+            return (0.0, 0)
+        if self.train_X is None:
+            return None
+        n, m = self.train_X.shape[0], self.centers.shape[0]
+        # the Gram pass K_Mn K_nM and two M x M factors, float64 (module docstring)
+        return (n * m * m + m**3, 16 * m * m)
+
     def adopt(self, factors: Any) -> bool:
         if not isinstance(factors, NystromFactors) or factors.points.shape != self.centers.shape:
             return False
