@@ -146,7 +146,7 @@ def test_eigenpro_announces_a_long_run_with_its_size(monkeypatch):
     with pytest.warns(kgp.CostWarning) as record:
         kgp.KernelRegressor("rbf", solver="eigenpro", n_centers=300, random_state=0).fit(X, y)
     message = str(record[0].message)
-    assert "10 epochs over n=1,200 rows with n_centers=300 form 3.6e+06 kernel entries" in message
+    assert "solver 'eigenpro': 10 epochs over n=1,200 rows with n_centers=300 form 3.6e+06 kernel entries" in message
     assert "n_centers" in message and "'epochs'" in message
     monkeypatch.undo()
     import warnings

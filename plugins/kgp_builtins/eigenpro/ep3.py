@@ -126,7 +126,7 @@ class EigenPro3Solver:
                 points="centers",
                 device=problem.device,
             )
-        check_center_sizes(self.name, problem, p, q, projection, opts["epochs"], y.shape[1])
+        check_center_sizes(owner, problem, p, q, projection, opts["epochs"], y.shape[1])
         sigma2 = float(problem.noise) if opts["regularization"] == "ridge" else 0.0
         gen = problem.generator
         kop = problem.kernel_operator
