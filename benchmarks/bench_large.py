@@ -138,10 +138,11 @@ def fit_kgp(data: dict, noise: float, seed: int, options: dict | None = None) ->
     """The default call on the memory-mapped rows; ``options`` (tests only) adds constructor arguments."""
     reset_peak_rss()
     rss_before = rss_bytes()
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     model = kgp.KernelRegressor("rbf", learn="auto", random_state=seed, **(options or {}))
     model.fit(data["X"], data["y"])
     fit_seconds = time.perf_counter() - start
+    fit_cpu_seconds = time.process_time() - cpu_start
     mean, std = model.predict(data["X_test"], return_std=True, include_noise=True)
     recipe = model.recipe_ or {}
     # the exact solver's "centers" are all training rows
@@ -149,6 +150,7 @@ def fit_kgp(data: dict, noise: float, seed: int, options: dict | None = None) ->
     return {
         **scores(mean, std, data["y_test"], noise),
         "fit_seconds": fit_seconds,
+        "fit_cpu_seconds": fit_cpu_seconds,
         "seconds": time.perf_counter() - start,
         "M": m,
         "solver": model.solver_name_,
@@ -160,15 +162,32 @@ def fit_kgp(data: dict, noise: float, seed: int, options: dict | None = None) ->
 
 
 def fit_svgp(
-    data: dict, noise: float, seconds: float, seed: int, m: int = 1000, batch: int = 1024, lr: float = 0.01
+    data: dict,
+    noise: float,
+    seconds: float,
+    seed: int,
+    m: int = 1000,
+    batch: int = 1024,
+    lr: float = 0.01,
+    clock: str = "wall",
+    checkpoints: tuple[float, ...] = (),
+    wall_limit: float | None = None,
 ) -> dict:
-    """GPyTorch SVGP (whitened), minibatch Adam for ``seconds`` of training, float32, on the CPU."""
+    """GPyTorch SVGP (whitened), minibatch Adam for ``seconds`` of training, float32, on the CPU.
+
+    ``clock="cpu"`` counts this process's CPU seconds instead of wall seconds (a fair share on a host that
+    other work keeps busy); at each of ``checkpoints`` (seconds of that clock) the test scores are recorded,
+    so that one run gives SVGP's scores at several budgets; ``wall_limit`` stops training after that many
+    wall seconds whatever the clock says.
+    """
     import gpytorch
 
     reset_peak_rss()
     rss_before = rss_bytes()
     torch.manual_seed(seed)
     start = time.perf_counter()
+    read_clock = time.process_time if clock == "cpu" else time.perf_counter
+    clock_start = read_clock()
     # SVGP reads its minibatches from memory: one float32 copy of the rows, counted in its peak
     X = torch.from_numpy(np.asarray(data["X"], dtype=np.float32))
     y = torch.from_numpy(np.asarray(data["y"], dtype=np.float32))
@@ -193,6 +212,23 @@ def fit_svgp(
     optimizer = torch.optim.Adam([*model.parameters(), *likelihood.parameters()], lr=lr)
     mll = gpytorch.mlls.VariationalELBO(likelihood, model, num_data=n)
     gen = torch.Generator().manual_seed(seed)
+    Xq = torch.from_numpy(data["X_test"]).float()
+
+    def evaluate() -> dict:
+        model.eval()
+        likelihood.eval()
+        means, stds = [], []
+        with torch.no_grad():
+            for lo in range(0, Xq.shape[0], 4096):
+                pred = likelihood(model(Xq[lo : lo + 4096]))
+                means.append(pred.mean.double().numpy())
+                stds.append(pred.variance.double().sqrt().numpy())
+        model.train()
+        likelihood.train()
+        return scores(np.concatenate(means), np.concatenate(stds), data["y_test"], noise)
+
+    pending = sorted(c for c in checkpoints if c < seconds)
+    curve = []
     steps, seen, done = 0, 0, False
     while not done:
         perm = torch.randperm(n, generator=gen)
@@ -204,21 +240,23 @@ def fit_svgp(
             optimizer.step()
             steps += 1
             seen += b.shape[0]
-            if time.perf_counter() - start >= seconds:
+            used = read_clock() - clock_start
+            if pending and used >= pending[0]:
+                curve.append({"clock_seconds": used, "wall_seconds": time.perf_counter() - start, **evaluate()})
+                print(f"  svgp at {clock} {used:.0f} s: {json.dumps(curve[-1])}", flush=True)
+                while pending and used >= pending[0]:
+                    pending.pop(0)
+            if used >= seconds or (wall_limit is not None and time.perf_counter() - start >= wall_limit):
                 done = True
                 break
     train_seconds = time.perf_counter() - start
-    model.eval()
-    likelihood.eval()
-    means, stds = [], []
-    Xq = torch.from_numpy(data["X_test"]).float()
-    with torch.no_grad():
-        for lo in range(0, Xq.shape[0], 4096):
-            pred = likelihood(model(Xq[lo : lo + 4096]))
-            means.append(pred.mean.double().numpy())
-            stds.append(pred.variance.double().sqrt().numpy())
+    train_clock = read_clock() - clock_start
+    final = evaluate()
     return {
-        **scores(np.concatenate(means), np.concatenate(stds), data["y_test"], noise),
+        **final,
+        "clock": clock,
+        "train_clock_seconds": train_clock,
+        "curve": curve,
         "fit_seconds": train_seconds,
         "seconds": time.perf_counter() - start,
         "M": min(m, n),
@@ -237,9 +275,9 @@ def ratio(a, b) -> str:
 
 def table(rows: list[dict]) -> str:
     head = (
-        "| n | d | run | M | fit s | RMSE | excess | NLPD | cov. 95% | peak RSS GB | "
+        "| n | d | run | M | fit s | CPU s | RMSE | excess | NLPD | cov. 95% | peak RSS GB | "
         "excess / SVGP | RMSE / SVGP | NLPD - SVGP | time / SVGP |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     lines = []
     for row in rows:
@@ -249,9 +287,12 @@ def table(rows: list[dict]) -> str:
             if r is None:
                 continue
             mine = run == "kgp" and base is not None
+            cpu = r.get("fit_cpu_seconds", r["train_clock_seconds"] if r.get("clock") == "cpu" else None)
+            cpu = "-" if cpu is None else f"{cpu:.1f}"
             lines.append(
-                f"| {row['n']:,} | {row['d']} | {run} | {r['M']:,} | {r['fit_seconds']:.1f} | {r['rmse']:.4f} | "
-                f"{r['excess']:.4f} | {r['nlpd']:.3f} | {r['coverage']:.3f} | {r['peak_rss'] / 1e9:.2f} | "
+                f"| {row['n']:,} | {row['d']} | {run} | {r['M']:,} | {r['fit_seconds']:.1f} | {cpu} | "
+                f"{r['rmse']:.4f} | {r['excess']:.4f} | {r['nlpd']:.3f} | {r['coverage']:.3f} | "
+                f"{r['peak_rss'] / 1e9:.2f} | "
                 + (
                     f"{ratio(r['excess'], base['excess'])} | {ratio(r['rmse'], base['rmse'])} | "
                     f"{r['nlpd'] - base['nlpd']:+.3f} | {ratio(r['fit_seconds'], base['fit_seconds'])} |"
@@ -273,6 +314,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--quick", action="store_true", help=f"n = {QUICK_N:,} only (the plumbing)")
     parser.add_argument("--no-svgp", action="store_true", help="kgp only")
     parser.add_argument("--svgp-seconds", type=float, default=None, help="SVGP's training time (default: kgp's)")
+    parser.add_argument("--svgp-clock", choices=("wall", "cpu"), default="wall", help="the clock SVGP's time is on")
+    parser.add_argument("--svgp-checkpoints", type=float, nargs="*", default=(), help="record SVGP's scores at")
+    parser.add_argument("--svgp-wall-limit", type=float, default=None, help="stop SVGP after this many wall s")
+    parser.add_argument("--no-kgp", action="store_true", help="SVGP only (needs --svgp-seconds)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--jsonl", type=Path, default=RUNS, help="file the results are appended to")
     args = parser.parse_args(argv)
@@ -283,6 +328,8 @@ def main(argv=None) -> dict:
             parser.error(f"--{name}: expected positive integers, got {getattr(args, name)}")
     if args.n_test < 1 or not (args.noise >= 0):
         parser.error("--n-test: expected >= 1; --noise: expected >= 0")
+    if args.no_kgp and args.svgp_seconds is None:
+        parser.error("--no-kgp: give SVGP's time with --svgp-seconds")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     host = {
@@ -299,11 +346,22 @@ def main(argv=None) -> dict:
             row = {"n": n, "d": d, "noise": args.noise, "seed": args.seed, "n_test": args.n_test, **host}
             row["generate_seconds"] = data["generate_seconds"]
             row["load_before"] = os.getloadavg()[0]
-            row["kgp"] = fit_kgp(data, args.noise, args.seed)
-            print(f"n={n:,} d={d} kgp: {json.dumps(row['kgp'], default=str)}", flush=True)
+            if not args.no_kgp:
+                row["kgp"] = fit_kgp(data, args.noise, args.seed)
+                print(f"n={n:,} d={d} kgp: {json.dumps(row['kgp'], default=str)}", flush=True)
             if not args.no_svgp:
-                seconds = args.svgp_seconds if args.svgp_seconds is not None else row["kgp"]["fit_seconds"]
-                row["svgp"] = fit_svgp(data, args.noise, seconds, args.seed)
+                seconds = args.svgp_seconds
+                if seconds is None:
+                    seconds = row["kgp"]["fit_cpu_seconds" if args.svgp_clock == "cpu" else "fit_seconds"]
+                row["svgp"] = fit_svgp(
+                    data,
+                    args.noise,
+                    seconds,
+                    args.seed,
+                    clock=args.svgp_clock,
+                    checkpoints=tuple(args.svgp_checkpoints),
+                    wall_limit=args.svgp_wall_limit,
+                )
                 print(f"n={n:,} d={d} svgp: {json.dumps(row['svgp'], default=str)}", flush=True)
             row["load_after"] = os.getloadavg()[0]
             row["when"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())

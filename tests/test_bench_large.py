@@ -78,8 +78,28 @@ def test_quick_run_prints_the_table(bench, tmp_path, capsys, monkeypatch):
     lines = [line for line in out.splitlines() if line.startswith("| 300 | 8 |")]
     assert len(lines) == 2 and "| kgp |" in lines[0] and "| svgp |" in lines[1]
     cells = [c.strip() for c in lines[0].split("|")[1:-1]]
-    assert float(cells[10]) == pytest.approx(row["kgp"]["excess"] / row["svgp"]["excess"], abs=0.006)
+    assert float(cells[5]) == pytest.approx(row["kgp"]["fit_cpu_seconds"], abs=0.06)
+    assert float(cells[11]) == pytest.approx(row["kgp"]["excess"] / row["svgp"]["excess"], abs=0.006)
     assert json.loads(log.read_text().splitlines()[-1])["kgp"]["rmse"] == pytest.approx(row["kgp"]["rmse"])
+
+
+def test_svgp_alone_on_the_cpu_clock_with_checkpoints(bench, tmp_path):
+    threads = torch.get_num_threads()
+    try:
+        argv = ["--n", "400", "--n-test", "50", "--no-kgp", "--svgp-seconds", "0.6", "--svgp-clock", "cpu"]
+        argv += ["--svgp-checkpoints", "0.1", "0.3", "5", "--threads", "1"]
+        result = bench.main([*argv, "--cache", str(tmp_path / "cache"), "--jsonl", str(tmp_path / "runs.jsonl")])
+    finally:
+        torch.set_num_threads(threads)
+    (row,) = result["rows"]
+    assert "kgp" not in row
+    svgp = row["svgp"]
+    assert svgp["clock"] == "cpu" and svgp["train_clock_seconds"] >= 0.6
+    # checkpoints past the budget are not reached; the others are, in order, each scored
+    assert [c["clock_seconds"] >= t for c, t in zip(svgp["curve"], (0.1, 0.3))] == [True, True]
+    assert len(svgp["curve"]) == 2 and svgp["curve"][0]["clock_seconds"] < svgp["curve"][1]["clock_seconds"]
+    assert all(math.isfinite(c["nlpd"]) and c["excess"] >= 0 for c in svgp["curve"])
+    assert "| 400 | 8 | svgp |" in result["table"]
 
 
 def test_bad_arguments_are_refused(bench, tmp_path):
@@ -87,3 +107,5 @@ def test_bad_arguments_are_refused(bench, tmp_path):
         bench.main(["--n", "0", "--cache", str(tmp_path)])
     with pytest.raises(SystemExit):
         bench.main(["--n-test", "0", "--cache", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        bench.main(["--no-kgp", "--cache", str(tmp_path)])  # SVGP alone needs its time
