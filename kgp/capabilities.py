@@ -61,6 +61,11 @@ class Capabilities:
         bound on it. The loop then warns when learning ends above the white-noise model's likelihood,
         and ``-value * loss.terms`` (``loss`` being what ``prepare`` returned, ``terms`` its count of
         terms) is the model's ``log_marginal_likelihood_value_``.
+    uses_kernel:
+        Selectors: the centers depend on the kernel's hyperparameters (leverage scores, for instance).
+        A fit that learns them (``learn=...``) then selects with the learned kernel: after learning
+        when the objective needs no centers, and again after learning when it does (its centers are
+        selected with the starting kernel). A selector that ignores the kernel (uniform) selects once.
     """
 
     uses_centers: bool = False
@@ -71,9 +76,10 @@ class Capabilities:
     partial_fit: bool = False
     loop_defaults: Mapping[str, Any] = field(default_factory=dict)
     likelihood: bool = False
+    uses_kernel: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("uses_centers", "needs_grad", "distributed", "partial_fit", "likelihood"):
+        for name in ("uses_centers", "needs_grad", "distributed", "partial_fit", "likelihood", "uses_kernel"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"Capabilities.{name}: expected True or False, got {getattr(self, name)!r}")
         if self.target not in TARGETS:

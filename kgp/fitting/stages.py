@@ -57,10 +57,12 @@ def select_centers(
     kernel: gpytorch.kernels.Kernel,
     streams: RandomStreams,
     input_scaling: Scaling | None = None,
+    noise: float | None = None,
 ) -> Centers | None:
     """The selector's centers, the user's explicit centers, or None when no plugin uses centers.
 
     Explicit centers are given in the user's units: with ``normalize_X`` they are standardised like X.
+    ``kernel`` and ``noise`` (default: the plan's) are the hyperparameters the selector sees.
     """
     if not plan.needs_centers:
         return None
@@ -70,7 +72,7 @@ def select_centers(
             X=X,
             n_centers=plan.n_centers,
             kernel=kernel,
-            noise=plan.noise,
+            noise=plan.noise if noise is None else noise,
             generator=streams.generator("select"),
             options=plan.selector.options,
             shard=rows.shard,
@@ -366,6 +368,16 @@ def solve_with_a_usable_noise(
     return posterior, used
 
 
+def _selects_with_learned_kernel(plan: FitPlan) -> bool:
+    """Whether the fit learns hyperparameters and its selector's centers depend on the kernel."""
+    return (
+        plan.objective is not None
+        and plan.needs_centers
+        and plan.selector is not None
+        and plan.selector.capabilities.uses_kernel
+    )
+
+
 def run(
     plan: FitPlan,
     rows: TrainingRows,
@@ -381,8 +393,16 @@ def run(
     ``shift``: the offsets the monitor's validation metric adds back to the solver's predictions; its
     ``"mean"`` entry is set to the learned constant mean before the solve.
     """
-    centers = select_centers(plan, rows, kernel, streams, input_scaling)
+    reselect = _selects_with_learned_kernel(plan)
+    objective_uses_centers = plan.objective is not None and plan.objective.capabilities.uses_centers
+    centers = None
+    if not reselect or objective_uses_centers:
+        centers = select_centers(plan, rows, kernel, streams, input_scaling)
     learned = learn(plan, rows, kernel, centers, streams, monitor)
+    if reselect:
+        # the selector's centers depend on the kernel: select (again) with the learned hyperparameters
+        centers = select_centers(plan, rows, learned.kernel, streams, input_scaling, noise=learned.noise)
+        centers.info = {**centers.info, "kernel": "learned"}
     if plan.objective is not None:
         monitor.close()  # the solver's stage starts its own bar
         if shift is not None:

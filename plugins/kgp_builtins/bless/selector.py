@@ -21,7 +21,8 @@ class _BlessFamilySelector:
     """
 
     # every draw is over global row numbers (path.run_path): data-parallel
-    capabilities = kgp.Capabilities(distributed=True)
+    # leverage scores depend on the kernel: a learning fit selects with the learned kernel
+    capabilities = kgp.Capabilities(distributed=True, uses_kernel=True)
 
     def __init__(self, name: str, run: Callable[..., BlessResult], options: dict[str, kgp.Option]):
         self.name = name
