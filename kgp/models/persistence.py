@@ -19,6 +19,7 @@ versions 1 and 2 (kgp before the Posterior) are read through :func:`upgrade`.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -284,21 +285,35 @@ PROBE_STD_FLOPS = 1e10
 PROBE_STD_BYTES = 64 * 2**20
 
 
+def _affordable(posterior: Any) -> bool:
+    """Whether the posterior has a variance that is built, or whose build costs at most
+    :data:`PROBE_STD_FLOPS` and :data:`PROBE_STD_BYTES`."""
+    variance = getattr(posterior, "variance", None)
+    if variance is None or not posterior.has_variance:
+        return False
+    cost = variance.build_cost()
+    return cost is not None and cost[0] <= PROBE_STD_FLOPS and cost[1] <= PROBE_STD_BYTES
+
+
+def _stds(posterior: Any, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The latent std and the std with the noise at ``X``, from a copy of the posterior's variance: a variance
+    the model had not built stays unbuilt (built when the user asks for a std, under the settings then)."""
+    clone = copy.copy(posterior)
+    clone.variance = copy.copy(posterior.variance)
+    with torch.no_grad():
+        return clone.std(X), clone.std(X, include_noise=True)
+
+
 def _probe_std(posterior: Any, probe: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The latent std at the probe rows and the std of a new observation there (the noise included), in the
     targets' units; None without a variance, or where building it would cost more than
     :data:`PROBE_STD_FLOPS` / :data:`PROBE_STD_BYTES`."""
-    variance = getattr(posterior, "variance", None)
-    if variance is None or not posterior.has_variance:
-        return None
-    cost = variance.build_cost()
-    if cost is None or cost[0] > PROBE_STD_FLOPS or cost[1] > PROBE_STD_BYTES:
+    if not _affordable(posterior):
         return None
     try:
-        with torch.no_grad():
-            std = posterior.std(probe), posterior.std(probe, include_noise=True)
+        std = _stds(posterior, probe)
     except (ValueError, RuntimeError):
-        return None  # a variance that cannot be built (e.g. not positive definite) is not recorded
+        return None  # a variance that cannot be built here (settings, not positive definite) is not recorded
     return std if all(bool(torch.isfinite(v).all()) for v in std) else None
 
 
@@ -348,25 +363,35 @@ def check_probe(model: Any, state: dict[str, Any], path) -> None:
 def _check_probe_std(model: Any, probe: dict[str, Any], X: torch.Tensor, path) -> None:
     """The std at the probe rows against the recorded one: changed variance entries (a noise x1e8, replaced
     training rows or centers) leave the mean as it was and move the std by orders of magnitude."""
-    for key, include_noise in (("std", False), ("std_with_noise", True)):
-        expected = probe.get(key)
-        if expected is not None:  # None: not recorded (no variance, or too costly to build at save time)
-            _compare_probe_std(model.posterior_, expected, X, include_noise, f"probe.{key}", path)
-
-
-def _compare_probe_std(posterior: Any, expected: Any, X: torch.Tensor, include_noise: bool, key: str, path):
-    if not torch.is_tensor(expected) or expected.dim() != 2 or expected.shape[0] != X.shape[0]:
-        raise ModelFileError(f"{path}: invalid model file: {key} must be the std at probe.X (2 x outputs)")
+    recorded = {key: probe.get(key) for key in ("std", "std_with_noise") if probe.get(key) is not None}
+    if not recorded:  # not recorded (no variance, or too costly to build at save time)
+        return
+    posterior = model.posterior_
+    for key, expected in recorded.items():
+        if not torch.is_tensor(expected) or expected.dim() != 2 or expected.shape[0] != X.shape[0]:
+            raise ModelFileError(f"{path}: invalid model file: probe.{key} must be the std at probe.X (2 x outputs)")
     if not posterior.has_variance:
-        raise ModelFileError(f"{path}: inconsistent model file: {key} records a std, but the posterior has no variance")
+        raise ModelFileError(f"{path}: inconsistent model file: probe.std records a std, but the posterior has none")
+    if not _affordable(posterior):
+        return  # the file's rows make the variance costly to build: not checked here (nor recorded at save)
     try:
-        with torch.no_grad():
-            got = posterior.std(X, include_noise)
-    except (ValueError, RuntimeError, IndexError, TypeError) as exc:
+        got = dict(zip(("std", "std_with_noise"), _stds(posterior, X), strict=True))
+    except ValueError as exc:
+        if "kgp.settings." in str(exc):
+            return  # the settings in effect refuse to build the variance now; the first std will say so
+        raise ModelFileError(
+            f"{path}: inconsistent model file: its variance fails on the probe rows ({io.one_line(exc)})"
+        ) from None
+    except (RuntimeError, IndexError, TypeError) as exc:
         raise ModelFileError(
             f"{path}: inconsistent model file: its variance fails on the probe rows ({type(exc).__name__}: "
             f"{io.one_line(exc)})"
         ) from None
+    for key, expected in recorded.items():
+        _compare_probe_std(posterior, expected, got[key], f"probe.{key}", path)
+
+
+def _compare_probe_std(posterior: Any, expected: torch.Tensor, got: torch.Tensor, key: str, path) -> None:
     if tuple(got.shape) != tuple(expected.shape):
         raise ModelFileError(f"{path}: invalid model file: {key} must have the shape {tuple(got.shape)}")
     # compared in the scaled units the kernel works in, where the prior std is about 1: rounding of another
