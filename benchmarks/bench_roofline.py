@@ -68,9 +68,9 @@ Notes on the bounds:
   column counts ``n M^2``, the bound adds the kernel blocks' GEMM and exponentials.
 * The elementwise work besides ``exp`` (clamp, scale) is not in any bound: it is overhead.
 * The GFLOP column counts useful flops only. ``gram_of_lower`` multiplies whole 256-wide diagonal
-  blocks (``kgp.linalg.GRAM_BLOCK``), zeros included: about 1 + 1.5 * 256 / M times ``M^3 / 3``
+  blocks (``kgp.linalg.triangular.GRAM_BLOCK``), zeros included: about 1 + 1.5 * 256 / M times ``M^3 / 3``
   (1.2x at 2,000, 1.08x at 5,000). ``cholesky_in_place`` runs LAPACK's ``potrf`` on a copy up to
-  ``kgp.linalg.POTRF_MAX`` = 2,048 rows and 384-wide blocks above, so at M = 2,000 its row equals the
+  ``kgp.linalg.cholesky.POTRF_MAX`` = 2,048 rows and 384-wide blocks above, so at M = 2,000 its row equals the
   ``torch.linalg.cholesky`` row plus one ``M x M`` copy.
 
 Values that do not change the work (RBF lengthscale 1, outputscale 2, jitter 0.1 of the mean diagonal,

@@ -1,14 +1,14 @@
 """Triangular solves with few right-hand sides: kgp's block-row solver against torch's (LAPACK) solve.
 
 FALKON's CG solves with two ``M x M`` triangular factors four times an iteration, one column per output
-(:mod:`kgp.triangular`). For each size, dtype and number of columns this times ``L X = B`` and ``L^T X = B``
+(:mod:`kgp.linalg.lower_factor`). For each size, dtype and number of columns this times ``L X = B`` and ``L^T X = B``
 with ``torch.linalg.solve_triangular`` (the baseline, MKL in torch's CPU wheels) and with
-:class:`kgp.triangular.LowerFactor`, in the same process, and prints the ratio and the residual
+:class:`kgp.linalg.LowerFactor`, in the same process, and prints the ratio and the residual
 ``||L X - B||`` of kgp's solve relative to the baseline's. ``L`` is the Cholesky factor of a Gaussian
 kernel matrix on random points plus 1e-3 I, as in FALKON's preconditioner.
 
 ``--dtypes mixed``: a float32 factor with float64 right-hand sides (FALKON's float32 default), solved by the
-native C loop (``LowerFactor.solve``, :mod:`kgp.triangular`) against the same solve on the factor widened to
+native C loop (``LowerFactor.solve``, :mod:`kgp.linalg.lower_factor`) against the same solve on the factor widened to
 float64 (the alternative that holds a float64 copy of the factor), with the relative difference of the answers.
 
 How long LAPACK's solve takes depends on how OpenMP threads wait (``OMP_WAIT_POLICY``, read once when the
@@ -35,7 +35,7 @@ DTYPES = ("float64", "float32", "mixed")
 def child(args: argparse.Namespace) -> None:
     import torch
 
-    from kgp.triangular import LowerFactor
+    from kgp.linalg import LowerFactor
 
     policy = os.environ.get("OMP_WAIT_POLICY", "unset")
     print(

@@ -29,12 +29,12 @@ def cholesky_path(request, monkeypatch) -> str:
     """Run the test once per path of ``kgp.linalg.cholesky_in_place`` (test matrices have more than 128 rows):
     the blocked loop, torch's potrf (where LAPACK cannot be called directly, up to ``POTRF_MAX``), and LAPACK
     on the matrix's memory (under flush-to-zero when subnormal numbers must be kept out)."""
-    import kgp.linalg
+    import kgp.linalg.cholesky
 
     if request.param != "direct":
-        monkeypatch.setattr(kgp.linalg, "potrf_applies", lambda A: False)
+        monkeypatch.setattr(kgp.linalg.cholesky, "potrf_applies", lambda A: False)
     if request.param == "blocked":
-        monkeypatch.setattr(kgp.linalg, "POTRF_MAX", 128)
+        monkeypatch.setattr(kgp.linalg.cholesky, "POTRF_MAX", 128)
     return request.param
 
 

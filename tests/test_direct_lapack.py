@@ -1,4 +1,4 @@
-"""LAPACK's potrf on a tensor's memory (kgp.torch_lapack) and flush-to-zero in torch's threads (kgp.denormals)."""
+"""LAPACK's potrf on a tensor's memory (kgp.linalg.lapack), flush-to-zero in torch's threads (kgp.linalg.subnormal)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ import platform
 import pytest
 import torch
 
-import kgp.linalg
-from kgp import denormals, torch_lapack
-from kgp.linalg import NotPSDError, cholesky_in_place, gram_of_lower
+import kgp.linalg.cholesky
+from kgp.linalg import NotPSDError, cholesky_in_place, gram_of_lower, lapack, subnormal
 
 DTYPES = [torch.float32, torch.float64]
 TINY32 = torch.finfo(torch.float32).tiny
@@ -33,7 +32,7 @@ def tolerance(n: int, dtype: torch.dtype) -> float:
 
 def subnormal_survives() -> bool:
     """A parallel product of a subnormal float32 number with 1 keeps it, in every thread's share."""
-    x = torch.full((65_536 * max(1, torch.get_num_threads()),), denormals.SUBNORMAL_BITS, dtype=torch.int32)
+    x = torch.full((65_536 * max(1, torch.get_num_threads()),), subnormal.SUBNORMAL_BITS, dtype=torch.int32)
     x = x.view(torch.float32)
     # bits, not floats: a comparison in a flushing thread reads a subnormal as 0
     return bool(((x * 1.0).view(torch.int32) == x.view(torch.int32)).all())
@@ -42,8 +41,8 @@ def subnormal_survives() -> bool:
 def test_the_direct_calls_are_available_on_this_platform():
     if not EXPECTED_HERE:
         pytest.skip("torch's LAPACK symbols and libgomp are expected in the Linux x86 MKL builds only")
-    assert torch_lapack.potrf_applies(spd(3, torch.float64))
-    with denormals.flush_denormals() as active:
+    assert lapack.potrf_applies(spd(3, torch.float64))
+    with subnormal.flush_denormals() as active:
         assert active
 
 
@@ -51,12 +50,12 @@ def test_the_direct_calls_are_available_on_this_platform():
 @pytest.mark.parametrize("n", [1, 5, 300])
 def test_potrf_lower_factors_in_place_from_the_lower_triangle(n, dtype):
     A = spd(n, dtype)
-    if not torch_lapack.potrf_applies(A):
+    if not lapack.potrf_applies(A):
         pytest.skip("LAPACK's potrf is not exported by this torch build")
     ref = torch.linalg.cholesky(A.double())
     work = A.tril() + 1e3 * torch.ones(n, n, dtype=dtype).triu(1)  # a stale upper triangle must not matter
     ptr = work.data_ptr()
-    assert torch_lapack.potrf_lower(work) == 0
+    assert lapack.potrf_lower(work) == 0
     assert work.data_ptr() == ptr
     assert torch.equal(work.triu(1), torch.zeros_like(work))
     assert (work.double() - ref).abs().max() <= tolerance(n, dtype) * ref.abs().max()
@@ -65,27 +64,27 @@ def test_potrf_lower_factors_in_place_from_the_lower_triangle(n, dtype):
 def test_potrf_lower_reports_the_first_non_positive_minor():
     A = torch.eye(6, dtype=torch.float64)
     A[4, 4] = -1.0
-    if not torch_lapack.potrf_applies(A):
+    if not lapack.potrf_applies(A):
         pytest.skip("LAPACK's potrf is not exported by this torch build")
-    assert torch_lapack.potrf_lower(A) == 5  # LAPACK counts from 1
+    assert lapack.potrf_lower(A) == 5  # LAPACK counts from 1
 
 
 def test_potrf_applies_only_to_what_lapack_can_read_in_place():
     A = spd(8, torch.float64)
-    assert not torch_lapack.potrf_applies(A[:, :6])  # not square
-    assert not torch_lapack.potrf_applies(spd(10, torch.float64)[1:9, 1:9])  # rows of 10: not contiguous
-    assert not torch_lapack.potrf_applies(A.to(torch.int64))
-    assert not torch_lapack.potrf_applies(A.clone().requires_grad_())
+    assert not lapack.potrf_applies(A[:, :6])  # not square
+    assert not lapack.potrf_applies(spd(10, torch.float64)[1:9, 1:9])  # rows of 10: not contiguous
+    assert not lapack.potrf_applies(A.to(torch.int64))
+    assert not lapack.potrf_applies(A.clone().requires_grad_())
     with pytest.raises(ValueError, match="potrf_lower: expected a contiguous square"):
-        torch_lapack.potrf_lower(A[:, :6])
+        lapack.potrf_lower(A[:, :6])
 
 
 def test_flush_denormals_reads_subnormals_as_zero_in_every_thread_and_restores():
-    with denormals.flush_denormals() as active:
+    with subnormal.flush_denormals() as active:
         if not active:
             pytest.skip("flush-to-zero cannot be set in torch's threads here")
         assert not subnormal_survives()
-        with denormals.flush_denormals() as inner:  # nested: already on, left on
+        with subnormal.flush_denormals() as inner:  # nested: already on, left on
             assert inner
         assert not subnormal_survives()
     assert subnormal_survives()
@@ -95,15 +94,15 @@ def test_flush_denormals_leaves_a_mode_the_caller_set():
     if not torch.set_flush_denormal(True):
         pytest.skip("this CPU has no flush-to-zero mode")
     try:
-        with denormals.flush_denormals() as active:
+        with subnormal.flush_denormals() as active:
             if not active:
                 pytest.skip("flush-to-zero cannot be set in torch's threads here")
         # the calling thread's mode, set before the block, is still on
-        x = torch.tensor([denormals.SUBNORMAL_BITS], dtype=torch.int32).view(torch.float32)
+        x = torch.tensor([subnormal.SUBNORMAL_BITS], dtype=torch.int32).view(torch.float32)
         assert int((x * 1.0).view(torch.int32)) == 0
     finally:
         torch.set_flush_denormal(False)
-        with denormals.flush_denormals():  # and the other threads' back to normal
+        with subnormal.flush_denormals():  # and the other threads' back to normal
             pass
     assert subnormal_survives()
 
@@ -121,23 +120,23 @@ def kernel_with_subnormals(n: int = 600) -> tuple[torch.Tensor, torch.Tensor]:
 def test_cholesky_with_flush_below_keeps_subnormals_out_at_any_size(monkeypatch, flushing):
     # above POTRF_MAX the direct potrf runs only under flush-to-zero; without that mode the blocked loop flushes
     K, A = kernel_with_subnormals()
-    monkeypatch.setattr(kgp.linalg, "POTRF_MAX", 100)
+    monkeypatch.setattr(kgp.linalg.cholesky, "POTRF_MAX", 100)
     calls = []
-    real = kgp.linalg._potrf_in_place
-    monkeypatch.setattr(kgp.linalg, "_potrf_in_place", lambda *a: calls.append(1) or real(*a))
+    real = kgp.linalg.cholesky._potrf_in_place
+    monkeypatch.setattr(kgp.linalg.cholesky, "_potrf_in_place", lambda *a: calls.append(1) or real(*a))
     if not flushing:
 
         @contextlib.contextmanager
         def unavailable():
             yield False
 
-        monkeypatch.setattr(kgp.linalg, "flush_denormals", unavailable)
+        monkeypatch.setattr(kgp.linalg.cholesky, "flush_denormals", unavailable)
     assert int(((A != 0) & (A.abs() < TINY32)).sum()) > 0  # the input does hold subnormals
     L = cholesky_in_place(A.clone(), flush_below=2.0**-63)
     assert int(((L != 0) & (L.abs() < TINY32)).sum()) == 0
     ref = torch.linalg.cholesky(K)
     assert float((L.double() - ref).norm()) < tolerance(600, torch.float32) * float(ref.norm())
-    if flushing and torch_lapack.potrf_applies(A) and EXPECTED_HERE:
+    if flushing and lapack.potrf_applies(A) and EXPECTED_HERE:
         assert calls, "the direct potrf should have run under flush-to-zero"
     if not flushing:
         assert not calls, "without flush-to-zero the blocked loop factors matrices above POTRF_MAX"

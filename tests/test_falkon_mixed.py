@@ -126,7 +126,7 @@ def test_mixed_on_float32_inputs_is_as_close_as_the_float64_preconditioner():
 
 def test_mixed_factors_are_float32_triangles_in_one_buffer(monkeypatch):
     # K_MM in several 96-row blocks; both factors stay float32 (the CG reads them in float64 arithmetic,
-    # kgp.triangular) and share one buffer of 2 M^2 float32 entries
+    # kgp.linalg.lower_factor) and share one buffer of 2 M^2 float32 entries
     monkeypatch.setattr(falkon_prec, "MIXED_ROWS", 96)
     X, y = data(700, d=4, seed=3)
     Z = X[:500]

@@ -1,4 +1,4 @@
-"""The compiled-library cache (:mod:`kgp.native_build`): a damaged, empty or foreign file in the cache is never
+"""The compiled-library cache (:mod:`kgp.linalg.native_build`): a damaged, empty or foreign file in the cache is never
 loaded (loading one can kill the process inside the dynamic loader), but rebuilt; a failed build leaves nothing.
 
 Every load of a damaged cache runs in a child process, so that a regression crashes the child and fails the
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kgp import native_build
+from kgp.linalg import native_build
 
 SOURCE = "int kgp_answer(void) { return 42; }\n"
 
@@ -56,7 +56,7 @@ def _fake_compiler(tmp_path: Path, body: str) -> str:
 
 def _load_in_child(source: Path, cache: Path) -> subprocess.CompletedProcess:
     code = (
-        "import sys; from pathlib import Path; from kgp import native_build; "
+        "import sys; from pathlib import Path; from kgp.linalg import native_build; "
         "print(native_build.build_library(Path(sys.argv[1])).kgp_answer())"
     )
     env = dict(os.environ, KGP_CACHE_DIR=str(cache))

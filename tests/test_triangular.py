@@ -1,4 +1,4 @@
-"""kgp.triangular.LowerFactor: block-row triangular solves against torch's LAPACK solve in float64."""
+"""kgp.linalg.LowerFactor: block-row triangular solves against torch's LAPACK solve in float64."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-import kgp.triangular
-from kgp.triangular import LowerFactor, threads_sleep_when_waiting
+import kgp.linalg.lower_factor
+from kgp.linalg.lower_factor import LowerFactor, threads_sleep_when_waiting
 
 DTYPES = [torch.float32, torch.float64]
 
@@ -81,7 +81,7 @@ def test_any_strides_of_the_factor():
     ],
 )
 def test_which_solve_runs(monkeypatch, policy, columns, transpose, blocks):
-    # the measured rule (kgp/triangular.py): block rows for one column with sleeping threads, and for L^T X = B
+    # the measured rule (kgp/linalg/lower_factor.py): block rows for one column with sleeping threads, and for L^T X = B
     # with several columns; LAPACK's solve otherwise
     if policy is None:
         monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
@@ -166,8 +166,8 @@ def mixed_case(n: int, columns: int, seed: int = 2) -> tuple[torch.Tensor, torch
 
 
 needs_native_solve = pytest.mark.skipif(
-    kgp.triangular.mixed_solve_error() is not None,
-    reason=f"the native mixed-precision solve cannot be built here: {kgp.triangular.mixed_solve_error()}",
+    kgp.linalg.lower_factor.mixed_solve_error() is not None,
+    reason=f"the native mixed-precision solve cannot be built here: {kgp.linalg.lower_factor.mixed_solve_error()}",
 )
 
 
@@ -210,7 +210,7 @@ def test_mixed_solve_takes_any_layout_of_the_right_hand_sides():
 
 def test_mixed_solve_without_the_native_code_widens_the_factor_once(monkeypatch):
     # no compiler (or a factor whose rows are not contiguous): a float64 copy of the factor, the same answer
-    monkeypatch.setattr(kgp.triangular, "_mixed_library", lambda: None)
+    monkeypatch.setattr(kgp.linalg.lower_factor, "_mixed_library", lambda: None)
     L, B = mixed_case(300, 2)
     factor = LowerFactor(L, block=64)
     assert not factor.uses_native(B)

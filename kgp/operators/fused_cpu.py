@@ -55,7 +55,7 @@ from torch import Tensor
 
 from .. import settings
 from ..kernels.recipes import _LOG2E, EXP_FLOOR
-from ..native_build import build_library, run_parallel
+from ..linalg.native_build import build_library, run_parallel
 
 __all__ = [
     "native_applies",

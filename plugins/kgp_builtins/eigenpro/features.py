@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from kgp import settings
-from kgp.denormals import flush_denormals
+from kgp.linalg.subnormal import flush_denormals
 from kgp.operators.blocks import row_slices
 
 from .nystrom import KernelOpFactory
@@ -61,7 +61,7 @@ def whitened_features(kop: KernelOpFactory, X: Tensor, Z: Tensor, L: Tensor) -> 
     Kept under ``kgp.settings.kernel_cache("auto")`` (the solver's ``kernel_cache`` option, default
     ``"auto"``, sets it for the fit) when ``Phi`` and one kernel block of the same size fit
     ``kgp.settings.memory_budget``; never under ``"never"``. The solve runs in ``L``'s dtype under
-    flush-to-zero (:func:`kgp.denormals.flush_denormals`): forward substitution with small kernel entries
+    flush-to-zero (:func:`kgp.linalg.subnormal.flush_denormals`): forward substitution with small kernel entries
     otherwise builds subnormal chains (:func:`kgp.linalg.solve_lower_wide`), which flushing removes at no
     cost to the accuracy the iteration has (float32 kernel blocks). Where that mode cannot be set on the
     CPU, None: the steps' own solves flush as they go.

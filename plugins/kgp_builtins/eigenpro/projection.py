@@ -16,8 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from kgp.linalg import NotPSDError, flush_below_scale, psd_cholesky
-from kgp.triangular import LowerFactor
+from kgp.linalg import LowerFactor, NotPSDError, flush_below_scale, psd_cholesky
 
 from .ep2 import ep2_epoch, ep2_setup
 from .nystrom import KernelOpFactory
@@ -94,7 +93,7 @@ class CholeskyProjection:
 
     @property
     def factor(self) -> LowerFactor:
-        """``L`` prepared for the per-batch solves (:mod:`kgp.triangular`; one column with passive threads:
+        """``L`` prepared for the per-batch solves (:mod:`kgp.linalg.lower_factor`; one column with passive threads:
         0.2-0.3x LAPACK's time at p = 4,000). Built at the first solve, after a distributed fit has
         replicated ``L`` in place."""
         if self._factor is None:

@@ -45,6 +45,7 @@ import torch
 from torch import Tensor
 
 from kgp.linalg import (
+    LowerFactor,
     NotPSDError,
     cholesky_in_place,
     gram_of_lower,
@@ -54,7 +55,6 @@ from kgp.linalg import (
 )
 from kgp.options import InvalidOptionError
 from kgp.plugin import Problem
-from kgp.triangular import LowerFactor
 
 from .lapack import pivoted_cholesky, upper_cholesky_of_scaled_product
 
@@ -93,7 +93,7 @@ class Preconditioner:
     shift: float = 0.0  # Cholesky path: T^T T = D K_MM D + shift I (absolute jitter)
     jitter: float = 0.0  # the same, relative to the mean diagonal of D K_MM D
     precision: str = ""  # "mixed": float32 T and A, applied in float64 (mixed_cholesky)
-    # T^T and A^T prepared for the CG's repeated solves (kgp.triangular), built at the first solve: after
+    # T^T and A^T prepared for the CG's repeated solves (kgp.linalg.lower_factor), built at the first solve: after
     # a distributed fit has replicated T and A in place
     _factors: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -420,7 +420,7 @@ def mixed_cholesky(problem: Problem, weights: Tensor | None, *, jitter: float) -
     ``alpha = B beta`` for any such ``B`` (Rudi et al. 2017, Def. 3; ``B`` only sets the conditioning).
     So the ``M^3`` work (Cholesky of ``D K_MM D + shift I``, ``T T^T``, Cholesky of ``T T^T / M + (lambda
     + extra) I``) runs in float32 at twice the float64 GEMM rate, and every solve of the CG reads the
-    float32 factors exactly widened to float64 and sums in float64 (:class:`kgp.triangular.LowerFactor`), so
+    float32 factors exactly widened to float64 and sums in float64 (:class:`kgp.linalg.LowerFactor`), so
     ``B`` is a fixed map to float64 rounding (float32 solves are not), at half the memory traffic of a
     float64 factor.
     ``A`` sets the conditioning only, so ``extra`` (:data:`MIXED_A_SHIFT`) may exceed ``lambda``. The
@@ -477,7 +477,7 @@ def mixed_cholesky(problem: Problem, weights: Tensor | None, *, jitter: float) -
     else:
         return None
     # G and P hold the lower factors: T of Def. 3 and A are their transposes, solved in float64 on the
-    # float32 entries (kgp.triangular.LowerFactor)
+    # float32 entries (kgp.linalg.LowerFactor)
     return Preconditioner(
         lam=lam, d=d, T=G.mT, A=P.mT, method="cholesky", shift=shift, jitter=jitter, precision="mixed"
     )

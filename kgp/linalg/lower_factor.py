@@ -18,7 +18,7 @@ within the block's condition number times a few ulps of ``L^{-1}``; the residual
 against LAPACK's were 0.5-3.3x its own (same benchmark).
 
 A float32 factor solved with float64 right-hand sides (FALKON's float32 default, ``precond_dtype="mixed"``)
-runs the same block rows in C (``triangular_mixed.c``, built on first use, :mod:`kgp.native_build`): each
+runs the same block rows in C (``triangular_mixed.c``, built on first use, :mod:`kgp.linalg.native_build`): each
 float32 entry is widened in a register and every product and sum is float64, so the solve is the float64
 solve with the widened factor, while it reads half the bytes and the factor is never widened in memory.
 The panel products run on torch's thread count of Python threads, the diagonal blocks by substitution on
@@ -35,8 +35,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from .linalg import flush_below_scale
 from .native_build import build_library, run_parallel
+from .subnormal import flush_below_scale
 
 __all__ = ["SOLVE_BLOCK", "LowerFactor", "mixed_solve_error", "threads_sleep_when_waiting"]
 

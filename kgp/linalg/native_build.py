@@ -2,7 +2,7 @@
 
 kgp keeps two loops in C where torch has no operation that does the work in one pass over memory: the fused
 kernel pass (:mod:`kgp.operators.fused_cpu`) and the triangular solves that read a float32 factor and sum in
-float64 (:mod:`kgp.triangular`). Each source is compiled by the system's C compiler (``gcc`` or ``$CC``,
+float64 (:mod:`kgp.linalg.lower_factor`). Each source is compiled by the system's C compiler (``gcc`` or ``$CC``,
 ``-O3 -march=native``, or ``-march=$KGP_NATIVE_ARCH``; well under a second) into ``$KGP_CACHE_DIR``
 (default ``~/.cache/kgp``), under a name keyed by the source, the compiler and the CPU's feature flags, and
 loaded with ctypes. A build is loaded once in a child process, sealed with its SHA-256 and renamed into place
