@@ -11,7 +11,6 @@ from kgp_builtins.recipes.rule import (
     ADAM_STEPS,
     INITIAL_NOISE_FRACTION,
     MAX_CENTERS,
-    MAX_VARIANCE_FLOPS,
     POLISH_EVALUATIONS,
     REFINE_EVALUATIONS,
     REFINE_SUBSET,
@@ -51,13 +50,16 @@ def test_the_rule_in_closed_form():
     assert exact_limit(_request(10, budget=8 * 10_000**2)) == 10_000
     assert exact_limit(_request(10, budget=4 * 10_000**2, dtype=torch.float32)) == 10_000
     assert exact_limit(_request(10, budget=2**40, max_exact=123)) == 123
-    # centers: five float64 M x M arrays in the budget, at most MAX_CENTERS, at most n, at most
-    # sqrt(MAX_VARIANCE_FLOPS / n) (the variance's n M^2 flops: 1.5e13 -> 12,247 at n = 100,000)
+    # centers: five float64 M x M arrays in the budget, at most MAX_CENTERS, at most n, and never fewer
+    # as n grows (the variance's Gram is summed over at most GRAM_ROWS_PER_CENTER * M rows)
     assert nystrom_centers(_request(60_000, budget=40 * 9_000**2)) == 9_000
     assert nystrom_centers(_request(60_000, budget=2**40)) == MAX_CENTERS
     assert nystrom_centers(_request(5_000, budget=2**40)) == 5_000
-    assert nystrom_centers(_request(219_000, budget=2**40)) == math.isqrt(int(MAX_VARIANCE_FLOPS // 219_000)) == 8_276
-    assert nystrom_centers(_request(10**9, budget=2**40)) == 122
+    assert nystrom_centers(_request(219_000, budget=2**40)) == MAX_CENTERS
+    assert nystrom_centers(_request(10**9, budget=2**40)) == MAX_CENTERS
+    budget = 40 * 11_000**2
+    sizes = [nystrom_centers(_request(n, budget=budget)) for n in (10**4, 10**5, 10**6, 10**7, 10**8)]
+    assert sizes == sorted(sizes) and sizes[-1] == 11_000
     recipe = kgp.registry.get_recipe("auto")
     small = recipe.choose(_request(1_000))
     assert small.solver == "exact" and small.n_centers is None and small.learn == "exact"

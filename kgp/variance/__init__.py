@@ -28,9 +28,10 @@ from .base import (
 from .exact import ExactFactors, ExactVariance, exact_factors
 from .kinds import KINDS, STRATEGIES, for_fit, for_target, from_state, legacy_state
 from .none import NoVariance
-from .nystrom import NystromFactors, NystromVariance, nystrom_factors
+from .nystrom import GRAM_ROWS_PER_CENTER, NystromFactors, NystromVariance, gram_rows, nystrom_factors
 
 __all__ = [
+    "GRAM_ROWS_PER_CENTER",
     "KINDS",
     "STRATEGIES",
     "ExactFactors",
@@ -48,6 +49,7 @@ __all__ = [
     "for_fit",
     "for_target",
     "from_state",
+    "gram_rows",
     "latent_covariance",
     "latent_variance",
     "legacy_state",

@@ -32,10 +32,12 @@ elevators  0.5472, RMSE 0.3630     0.5513, RMSE 0.3633     0.139 -> 0.139
 
 Solving (``solver="auto"``): the exact solve while the dense ``n x n`` matrix fits the memory budget
 and ``kgp.settings.max_exact_size``; above, FALKON on uniform centers, as many as the budget holds
-(:func:`nystrom_centers`), up to ``MAX_CENTERS`` and at most ``sqrt(MAX_VARIANCE_FLOPS / n)``: the
-variance a learned GP builds at fit sums ``K_nM^T K_nM``, ``n M^2`` flops, which at M = 15,000 on
-airline's 219,000 rows (4.9e13 flops) alone would take most of a 15-minute fit on 2 cores, while
-airline's test error stopped improving at M = 8,000.
+(:func:`nystrom_centers`), up to ``MAX_CENTERS``, whatever n is: more rows never buy fewer centers. The
+variance a learned GP builds at fit sums ``K_Mn K_nM`` over at most ``GRAM_ROWS_PER_CENTER * M`` rows
+(:mod:`kgp.variance.nystrom`: a uniform subset, scaled, above that), so its cost is bounded by
+``8 M^3`` flops; summed over all rows it would cost ``n M^2``, and a time budget would then allow only
+``M ~ n^(-1/2)`` centers (3,872 at 1e6 rows, 1,224 at 1e7 for 1.5e13 flops). What grows with n is
+FALKON's ``n M`` per iteration (docs/benchmarks/large-data.md has the measured table).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from __future__ import annotations
 import math
 
 from kgp.recipes import RecipeChoice, RecipeRequest
+from kgp.variance import GRAM_ROWS_PER_CENTER
 
 __all__ = ["AutoRecipe", "exact_limit", "nystrom_centers", "refine_rows"]
 
@@ -65,9 +68,6 @@ REFINE_EVALUATIONS = 15
 _EXACT_ARRAYS = 5
 MAX_CENTERS = 15_000
 MIN_CENTERS = 100
-# n M^2 flops of the variance's Gram sum: 1.5e13 is about 2.5 min at the 106 GFLOP/s float64 GEMM rate
-# measured on the 2-core development host (M = 8,270 at n = 219,000; no cap below n = 66,000)
-MAX_VARIANCE_FLOPS = 1.5e13
 # M x M arrays alive at once in a FALKON fit with its Nystrom variance, float64: K_MM, the two
 # preconditioner factors, the variance's two factors and one for the Gram sum
 _SQUARE_ARRAYS = 5
@@ -83,10 +83,9 @@ def exact_limit(request: RecipeRequest) -> int:
 
 def nystrom_centers(request: RecipeRequest) -> int:
     """Centers for FALKON: as many as ``_SQUARE_ARRAYS`` float64 ``M x M`` arrays in the budget allow,
-    at most ``MAX_CENTERS`` and ``sqrt(MAX_VARIANCE_FLOPS / n)``."""
+    at most ``MAX_CENTERS`` and at most n; never fewer as n grows."""
     by_memory = int(math.isqrt(max(request.memory_budget, 1) // (_SQUARE_ARRAYS * _FACTOR_BYTES)))
-    by_time = math.isqrt(int(MAX_VARIANCE_FLOPS // max(request.n, 1)))
-    return max(min(request.n, MIN_CENTERS), min(request.n, MAX_CENTERS, by_memory, by_time))
+    return max(min(request.n, MIN_CENTERS), min(request.n, MAX_CENTERS, by_memory))
 
 
 def refine_rows(request: RecipeRequest) -> int:
@@ -121,8 +120,8 @@ class AutoRecipe:
                     n_centers = nystrom_centers(request)
                     reasons["n_centers"] = (
                         f"{n_centers:,} centers: the most that {_SQUARE_ARRAYS} float64 M x M arrays in "
-                        f"kgp.settings.memory_budget allow, at most {MAX_CENTERS:,} and at most "
-                        f"sqrt({MAX_VARIANCE_FLOPS:.2g} / n) (the variance's n M^2 flops)"
+                        f"kgp.settings.memory_budget allow, at most {MAX_CENTERS:,} (the variance sums "
+                        f"K_Mn K_nM over at most {GRAM_ROWS_PER_CENTER} M rows, so its cost does not grow with n)"
                     )
         if request.learn_auto:
             learn = "exact"
