@@ -13,8 +13,9 @@ Design (docs/backend.md):
   differentiable block at a time, so the autograd graph never holds more than one block.
 
 The class is assembled from three mixins along its seams: :mod:`.workspace` (prepared inputs, buffers,
-the stored K, the row blocks), :mod:`.products` (the streamed products) and :mod:`.autograd` (the
-block-wise derivatives); this module keeps construction, shape and linear_operator's API.
+the stored K, the row blocks), :mod:`.products` (the streamed products and the autograd function of
+``fused_matmul``) and :mod:`.autograd` (the block-wise derivatives); this module keeps construction, shape and
+linear_operator's API. The modules import one another only in that direction (this one imports the three).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from torch import Tensor
 from ..kernels.recipes import KernelRecipe, recipe_for
 from .autograd import BlockAutograd
 from .products import StreamingProducts
-from .workspace import BlockWorkspace, _signature
+from .workspace import BlockWorkspace, cache_key
 
 if TYPE_CHECKING:
     from ..distributed import Shard
@@ -160,7 +161,7 @@ class KernelOperator(BlockWorkspace, StreamingProducts, BlockAutograd, LinearOpe
         batch_shape = tuple(int(s) for s in batch_shape)
         if distance_dtype == x1.dtype:
             distance_dtype = None
-        key = (_signature(x1, x2, *hypers), distance_dtype)
+        key = cache_key(x1, x2, hypers, distance_dtype)
         if cache is None or cache.get("key") != key:
             cache = {"key": key}
         # The cache travels as a kwarg: linear_operator rebuilds the operator from its representation

@@ -10,7 +10,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .autograd import _FusedMatmul
 from .blocks import row_slices
 from .fused_cpu import native_pass, native_rows_product, stored_pass, transpose_pass, use_native, use_stored
 from .fused_gpu import cols_product, rows_product, use_fused
@@ -45,6 +44,44 @@ def _run_sums(block: Tensor, inner: Tensor, rows: int, wide: torch.dtype) -> Ten
     if r * rows < b:
         out += (inner[r * rows :].T @ block[r * rows :]).to(wide)
     return out.T
+
+
+class _FusedMatmul(torch.autograd.Function):
+    r"""Autograd for :meth:`KernelOperator.fused_matmul`: a single fast forward pass, streamed backward.
+
+    With :math:`y = K^\top (K v + w)` and incoming gradient :math:`g`:
+    :math:`\partial v = K^\top K g`, :math:`\partial w = K g`, and the representation tensors get the
+    bilinear derivative of :math:`(K v + w)^\top K g + (K g)^\top K v`, i.e. left vectors
+    ``[K v + w, K g]`` against right vectors ``[g, v]`` (one block-streamed pass).
+    """
+
+    @staticmethod
+    def forward(ctx, op: StreamingProducts, v: Tensor, w: Tensor | None, *args: Tensor) -> Tensor:
+        out = op._fused_pass(v, w)
+        ctx.op = op
+        ctx.has_w = w is not None
+        # K v + w (n x k) is recomputed in backward: keeping it would cost n x M for v = I_M
+        ctx.save_for_backward(v, w if w is not None else v.new_empty(0))
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        op: StreamingProducts = ctx.op
+        v, w = ctx.saved_tensors
+        needs_v, needs_w = ctx.needs_input_grad[1], ctx.needs_input_grad[2]
+        needs_args = any(ctx.needs_input_grad[3:])
+        grad = grad.contiguous()
+        kg = op._k_matmul(grad) if (needs_v or needs_w or needs_args) else None
+        grad_v = op._k_t_matmul(kg) if needs_v else None
+        grad_w = kg if (needs_w and ctx.has_w) else None
+        if needs_args:
+            inner = op._k_matmul(v)
+            if ctx.has_w:
+                inner = inner + w
+            arg_grads = op._bilinear_derivative(torch.cat([inner, kg], dim=1), torch.cat([grad, v], dim=1))
+        else:
+            arg_grads = (None,) * (len(ctx.needs_input_grad) - 3)
+        return (None, grad_v, grad_w, *arg_grads)
 
 
 class StreamingProducts:

@@ -16,7 +16,7 @@ from torch import Tensor
 from .. import settings
 from .blocks import plan_block_rows, row_slices
 
-__all__ = ["BlockWorkspace"]
+__all__ = ["BlockWorkspace", "cache_key"]
 
 # Block-sized temporaries alive at once in the differentiable path (kept by autograd per block).
 _GRAD_BUFFERS = 8
@@ -30,6 +30,12 @@ def _signature(*tensors: Tensor) -> tuple:
 def _version(t: Tensor) -> int:
     # inference-mode tensors have no version counter (and cannot be modified in place outside it)
     return -1 if t.is_inference() else t._version
+
+
+def cache_key(x1: Tensor, x2: Tensor, hypers: tuple[Tensor, ...], distance_dtype: torch.dtype | None) -> tuple:
+    """The key under which an operator's cache holds prepared inputs, buffers and the stored K: the inputs'
+    current contents (:func:`_signature`) and the distance dtype; a cache under another key is stale."""
+    return (_signature(x1, x2, *hypers), distance_dtype)
 
 
 class BlockWorkspace:
@@ -251,7 +257,7 @@ class BlockWorkspace:
 
     def _check_cache(self) -> None:
         """Empty the cache when an input was modified in place (prepared inputs and stored K are stale)."""
-        key = (_signature(self.x1, self.x2, *self.hypers), self.distance_dtype)
+        key = cache_key(self.x1, self.x2, self.hypers, self.distance_dtype)
         if self._cache.get("key") != key:
             self._cache.clear()
             self._cache["key"] = key
