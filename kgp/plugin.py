@@ -33,6 +33,7 @@ from .monitor import Monitor
 from .operators import KernelOperator, kernel_operator
 from .options import Option
 from .predictors import KernelExpansion
+from .problem_data import Centers, RowData
 
 if TYPE_CHECKING:
     from .distributed import Shard
@@ -71,62 +72,6 @@ class Predictor(Protocol):
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any], kernel: gpytorch.kernels.Kernel) -> Predictor: ...
-
-
-@dataclass
-class Centers:
-    """Result of a center selector.
-
-    Attributes
-    ----------
-    points:
-        ``M x d`` centers.
-    weights:
-        Optional length-M diagonal of FALKON's D (Appendix A, Def. 2); None means D = I.
-    indices:
-        Optional indices into the training inputs.
-    info:
-        Diagnostics (e.g. ``"leverage_scores"``, ``"d_eff"``).
-    """
-
-    points: Tensor
-    weights: Tensor | None = None
-    indices: Tensor | None = None
-    info: dict[str, Any] = field(default_factory=dict)
-
-
-class RowData:
-    """Sizes, dtype and device of a problem that holds rows ``X``, targets ``y`` and an optional ``shard``.
-
-    Shared by :class:`Problem` (solvers) and :class:`kgp.learning.LearningProblem` (objectives), so
-    that ``n`` means the same thing to both: all ranks' rows in a distributed fit.
-    """
-
-    X: Tensor
-    y: Tensor
-    shard: Any
-
-    @property
-    def n(self) -> int:
-        """Training rows of the (global) problem: all ranks' rows in a distributed fit."""
-        return self.X.shape[0] if self.shard is None else self.shard.n_total
-
-    @property
-    def n_local(self) -> int:
-        """Rows of ``X`` held here (``n`` unless the fit is distributed)."""
-        return self.X.shape[0]
-
-    @property
-    def n_outputs(self) -> int:
-        return self.y.shape[1]
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.X.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.X.device
 
 
 @dataclass

@@ -30,7 +30,7 @@ from ..diagnostics import DivergenceError
 from ..linalg import NotPSDError
 from ..monitor import Monitor
 from ..options import ResolvedOptions
-from ..plugin import Centers
+from ..problem_data import Centers
 from ..registry import get_objective
 from .bounds import LengthscaleFloors
 from .loop_options import LEARN_OPTIONS, ResolvedLearnOptions, split_learn_options

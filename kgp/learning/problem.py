@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from ..operators import KernelOperator, kernel_operator
-from ..plugin import Centers, RowData
+from ..problem_data import Centers, RowData
 
 __all__ = ["LearningProblem"]
 
