@@ -154,3 +154,15 @@ def test_eigenpro_announces_a_long_run_with_its_size(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error", kgp.CostWarning)  # the real threshold: an ordinary fit is not announced
         kgp.KernelRegressor("rbf", solver="eigenpro", n_centers=300, random_state=0).fit(X, y)
+
+
+def test_eigenpro2_announces_a_long_run_over_its_training_rows(monkeypatch):
+    from kgp_builtins.eigenpro import budget
+
+    X, y = _data(800)
+    monkeypatch.setattr(budget, "LONG_RUN_ENTRIES", {"cpu": 1e6, "accelerator": 1e6})
+    with pytest.warns(kgp.CostWarning) as record:
+        kgp.KernelRegressor("rbf", solver="eigenpro2", random_state=0).fit(X, y)
+    message = str(record[0].message)
+    assert "solver 'eigenpro2': 10 epochs over n=800 rows with its 800 training rows as centers form 6.4e+06" in message
+    assert "solver='eigenpro' with fewer centers" in message

@@ -52,19 +52,29 @@ LONG_RUN_ENTRIES = {"cpu": 1e11, "accelerator": 1e13}
 
 
 def check_center_sizes(
-    owner: str, problem: Problem, p: int, q: int, projection: str, epochs: int, outputs: int
+    owner: str,
+    problem: Problem,
+    p: int,
+    q: int,
+    projection: str,
+    epochs: int,
+    outputs: int,
+    *,
+    training_centers: bool = False,
 ) -> None:
     """Before the setup: refuse model-size arrays that cannot fit, and announce a very long run.
 
     Memory: ``K(Z, Z)`` for ``projection="cholesky"`` is evaluated, copied and factored in float64 (three
     ``p x p`` arrays at the peak, :class:`.projection.CholeskyProjection`), next to the ``p x q`` block
     ``K(Z, X_s) E`` and four ``p x k`` iterates. Time: every epoch forms ``K(X_m, Z)`` for all of its
-    batches, ``n p`` entries.
+    batches, ``n p`` entries. ``training_centers``: the centers are the training rows (EigenPro 2.0).
     """
+    centers = f"its {p:,} training rows as centers" if training_centers else f"n_centers={p:,}"
+    fewer = "solver='eigenpro' with fewer centers (n_centers)" if training_centers else "fewer centers (n_centers)"
     itemsize = problem.X.element_size()
     needed = p * q * itemsize + 4 * p * outputs * itemsize
-    what = f"{owner} with n_centers={p:,}: its {p:,} x {q} preconditioner block and iterates"
-    remedy = "lower n_centers"
+    what = f"{owner} with {centers}: its {p:,} x {q} preconditioner block and iterates"
+    remedy = fewer
     if projection == "cholesky":
         needed += 3 * p * p * ITEMSIZE
         what = f"{owner} with n_centers={p:,} and projection='cholesky': three float64 {p:,} x {p:,} arrays"
@@ -74,11 +84,10 @@ def check_center_sizes(
     kind = "cpu" if problem.device.type == "cpu" else "accelerator"
     if entries >= LONG_RUN_ENTRIES[kind]:
         warnings.warn(
-            f"{owner}: {epochs} epochs over n={problem.n:,} rows with n_centers={p:,} form {entries:.3g} kernel "
+            f"{owner}: {epochs} epochs over n={problem.n:,} rows with {centers} form {entries:.3g} kernel "
             f"entries ({problem.n * p:.3g} per epoch, K(X, Z) in batches; model arrays "
             f"{format_bytes(needed)}): expect a run of many minutes{' on this CPU' if kind == 'cpu' else ''}. "
-            "Fewer centers (n_centers), fewer epochs (solver_options={'epochs': ...}), or an accelerator "
-            "shorten it",
+            f"Remedy: {fewer}, fewer epochs (solver_options={{'epochs': ...}}), or an accelerator",
             CostWarning,
             stacklevel=4,
         )

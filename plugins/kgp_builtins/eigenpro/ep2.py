@@ -20,7 +20,7 @@ import kgp
 from kgp.options import Option
 from kgp.plugin import KernelExpansion, Problem
 
-from .budget import block_rows, kernel_diagonal
+from .budget import block_rows, check_center_sizes, kernel_diagonal
 from .iterates import EpochLog, TailAverage, checked_targets
 from .nystrom import (
     KernelOpFactory,
@@ -173,6 +173,7 @@ class EigenPro2Solver:
         X, y = problem.X, checked_targets(problem)
         n = X.shape[0]
         s, q = resolve_subsample(owner, n, opts["subsample_size"], opts["q"], device=X.device)
+        check_center_sizes(owner, problem, n, q, "none", opts["epochs"], y.shape[1], training_centers=True)
         shift = float(problem.noise) if opts["regularization"] == "ridge" else 0.0
         gen = problem.generator
         kop = problem.kernel_operator
