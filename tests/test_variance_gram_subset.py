@@ -1,6 +1,7 @@
-"""The Nystrom variance above ``GRAM_ROWS_PER_CENTER`` rows per center: ``K_Mn K_nM`` estimated from a fixed
-uniform subset of rows, scaled by n / m. Checked against a dense oracle on the same subset (exact), against
-the full Gram (the std moves by the sampling error only), and through a model file."""
+"""The Nystrom variance of a large fit: ``K_Mn K_nM`` estimated from a fixed uniform subset of
+``max(GRAM_ROWS_PER_CENTER * M, GRAM_MIN_ROWS)`` rows, scaled by n / m. Checked against a dense oracle on the
+same subset (exact), against the full Gram (the std moves by the sampling error only), and through a model
+file. The tests lower ``GRAM_MIN_ROWS`` so that a few thousand rows are a large fit."""
 
 from __future__ import annotations
 
@@ -14,6 +15,18 @@ from kgp.variance.nystrom import GRAM_ROWS_PER_CENTER, gram_rows, nystrom_factor
 
 D = 3
 M = 40
+
+
+@pytest.fixture(autouse=True)
+def small_floor(monkeypatch):
+    monkeypatch.setattr(nystrom, "GRAM_MIN_ROWS", 100)
+
+
+def test_below_the_floor_every_row_is_summed(monkeypatch):
+    monkeypatch.setattr(nystrom, "GRAM_MIN_ROWS", 100_000)
+    X = torch.randn(50_000, D, dtype=torch.float64)
+    rows, scale = gram_rows(X, 10)
+    assert rows is X and scale == 1.0
 
 
 def _data(n: int, seed: int = 0):

@@ -28,9 +28,10 @@ from .base import (
 from .exact import ExactFactors, ExactVariance, exact_factors
 from .kinds import KINDS, STRATEGIES, for_fit, for_target, from_state, legacy_state
 from .none import NoVariance
-from .nystrom import GRAM_ROWS_PER_CENTER, NystromFactors, NystromVariance, gram_rows, nystrom_factors
+from .nystrom import GRAM_MIN_ROWS, GRAM_ROWS_PER_CENTER, NystromFactors, NystromVariance, gram_rows, nystrom_factors
 
 __all__ = [
+    "GRAM_MIN_ROWS",
     "GRAM_ROWS_PER_CENTER",
     "KINDS",
     "STRATEGIES",

@@ -11,9 +11,9 @@ with ``L L^T = K_MM`` and ``L_s L_s^T = sigma^2 K_MM + K_Mn K_nM``. Building the
 pass over the training rows (``K_Mn K_nM`` accumulated in row blocks, O(n M^2)) and two M x M Cholesky
 factorisations; after that a query row costs O(M^2).
 
-Above :data:`GRAM_ROWS_PER_CENTER` rows per center, ``K_Mn K_nM`` is estimated from a uniform random subset
-of ``m = GRAM_ROWS_PER_CENTER * M`` rows, ``(n / m) K_Mm K_mM``, an unbiased estimate whose cost, m M^2, no
-longer grows with n (the same device FALKON's preconditioner uses with the centers themselves, Rudi et al.
+Above ``m = max(GRAM_ROWS_PER_CENTER * M, GRAM_MIN_ROWS)`` rows, ``K_Mn K_nM`` is estimated from a uniform
+random subset of m rows, ``(n / m) K_Mm K_mM``, an unbiased estimate whose cost, m M^2, does not grow
+with n (the same device FALKON's preconditioner uses with the centers themselves, Rudi et al.
 2017, Sec. 3). Only the last term of ``var f`` depends on it; ``k(x, x) - Q(x, x)`` stays exact. On a
 draw from an ARD RBF prior (d = 8, 200,000 rows, sigma^2 = 0.01) the predictive std with noise moved by
 at most 0.26% (M = 4,000, m = 10 M) and 0.39% (m = 5 M) against the full Gram, whose pass took 3-5x as
@@ -52,22 +52,26 @@ from .base import (
 )
 from .none import NoVariance
 
-__all__ = ["GRAM_ROWS_PER_CENTER", "NystromFactors", "NystromVariance", "gram_rows", "nystrom_factors"]
+__all__ = ["GRAM_MIN_ROWS", "GRAM_ROWS_PER_CENTER", "NystromFactors", "NystromVariance", "gram_rows", "nystrom_factors"]
 
 GRAM_ROWS_PER_CENTER = 8
 """Training rows per center above which ``K_Mn K_nM`` is estimated from a subset (module docstring)."""
+GRAM_MIN_ROWS = 100_000
+"""Below this many rows the Gram is always summed over all of them: its pass costs at most 1e5 M^2 flops
+(seconds at M = 1,000, about 2 minutes at M = 11,000 on a 2-core CPU), and the std is then the exact DTC
+one of every data set up to this size."""
 
 
 def gram_rows(X: Tensor, n_centers: int) -> tuple[Tensor, float]:
     """The rows the Gram ``K_Mn K_nM`` is summed over, and the factor ``n / m`` that scales their sum.
 
-    All of ``X`` (factor 1) up to ``GRAM_ROWS_PER_CENTER * n_centers`` rows; above, that many rows drawn
-    uniformly without replacement by a generator of fixed seed (the variance is a function of the data,
+    All of ``X`` (factor 1) up to ``m = max(GRAM_ROWS_PER_CENTER * n_centers, GRAM_MIN_ROWS)`` rows; above,
+    m rows drawn uniformly without replacement by a generator of fixed seed (the variance is a function of the data,
     the centers and the kernel only), kept in their order in ``X`` and copied, so that ``X`` itself
     need not be kept.
     """
     n = X.shape[0]
-    m = GRAM_ROWS_PER_CENTER * max(int(n_centers), 1)
+    m = max(GRAM_ROWS_PER_CENTER * max(int(n_centers), 1), GRAM_MIN_ROWS)
     if n <= m:
         return X, 1.0
     chosen = torch.randperm(n, generator=torch.Generator().manual_seed(0))[:m].sort().values
@@ -151,7 +155,7 @@ class NystromVariance(VarianceStrategy):
         sigma^2.
     train_X:
         The training rows the factors are built from (one pass), or None when the factors are given.
-        :meth:`for_fit` passes a subset above :data:`GRAM_ROWS_PER_CENTER` rows per center.
+        :meth:`for_fit` passes a subset of a large fit's rows (:func:`gram_rows`).
     shard:
         In a distributed fit: ``train_X`` is this rank's rows and the build sums over all ranks. The
         all-ranks pass runs once, at fit; the rows are dropped after it.

@@ -33,9 +33,9 @@ elevators  0.5472, RMSE 0.3630     0.5513, RMSE 0.3633     0.139 -> 0.139
 Solving (``solver="auto"``): the exact solve while the dense ``n x n`` matrix fits the memory budget
 and ``kgp.settings.max_exact_size``; above, FALKON on uniform centers, as many as the budget holds
 (:func:`nystrom_centers`), up to ``MAX_CENTERS``, whatever n is: more rows never buy fewer centers. The
-variance a learned GP builds at fit sums ``K_Mn K_nM`` over at most ``GRAM_ROWS_PER_CENTER * M`` rows
+variance a learned GP builds at fit sums ``K_Mn K_nM`` over at most ``max(8 M, 100,000)`` rows
 (:mod:`kgp.variance.nystrom`: a uniform subset, scaled, above that), so its cost is bounded by
-``8 M^3`` flops; summed over all rows it would cost ``n M^2``, and a time budget would then allow only
+``max(8 M, 1e5) M^2`` flops; summed over all rows it would cost ``n M^2``, and a time budget would then allow only
 ``M ~ n^(-1/2)`` centers (3,872 at 1e6 rows, 1,224 at 1e7 for 1.5e13 flops). What grows with n is
 FALKON's ``n M`` per iteration (docs/benchmarks/large-data.md has the measured table).
 """
@@ -45,7 +45,7 @@ from __future__ import annotations
 import math
 
 from kgp.recipes import RecipeChoice, RecipeRequest
-from kgp.variance import GRAM_ROWS_PER_CENTER
+from kgp.variance import GRAM_MIN_ROWS, GRAM_ROWS_PER_CENTER
 
 __all__ = ["AutoRecipe", "exact_limit", "nystrom_centers", "refine_rows"]
 
@@ -121,7 +121,8 @@ class AutoRecipe:
                     reasons["n_centers"] = (
                         f"{n_centers:,} centers: the most that {_SQUARE_ARRAYS} float64 M x M arrays in "
                         f"kgp.settings.memory_budget allow, at most {MAX_CENTERS:,} (the variance sums "
-                        f"K_Mn K_nM over at most {GRAM_ROWS_PER_CENTER} M rows, so its cost does not grow with n)"
+                        f"K_Mn K_nM over at most max({GRAM_ROWS_PER_CENTER} M, {GRAM_MIN_ROWS:,}) rows, so its "
+                        "cost does not grow with n)"
                     )
         if request.learn_auto:
             learn = "exact"
