@@ -1,7 +1,7 @@
 """Matern 1/2 (Laplacian) kernel pass: kgp's near-zero recomputation against two simpler ones.
 
 A Matern 1/2 block recomputes the squared distances that cancellation spoiled (``_exact_near_zero`` in
-kgp/kernels/recipes.py). kgp finds the rows that can hold such a pair from each row's minimum; a float32 block
+kgp/kernels/formulas.py). kgp finds the rows that can hold such a pair from each row's minimum; a float32 block
 then recomputes those rows with a float64 GEMM, a float64 block recomputes the pairs that pass the pair test
 from their differences. Two baselines are written out below and patched in for their runs: the row minima with
 the pair test in float32 too, and the whole-block scan (a comparison of every entry with one threshold, then
@@ -32,7 +32,7 @@ from device_timing import best_time  # noqa: E402
 
 import kgp  # noqa: E402
 from kgp import settings  # noqa: E402
-from kgp.kernels import recipes  # noqa: E402
+from kgp.kernels import formulas  # noqa: E402
 
 
 def whole_block_scan(rows: torch.Tensor, cols: torch.Tensor, sq_dist: torch.Tensor) -> None:
@@ -41,9 +41,9 @@ def whole_block_scan(rows: torch.Tensor, cols: torch.Tensor, sq_dist: torch.Tens
         return
     d = rows.shape[1] - 2
     sq_u, sq_v = rows[:, d], cols[:, d + 1]
-    coarse = recipes._NEAR * float(sq_u.max() + sq_v.max())
+    coarse = formulas._NEAR * float(sq_u.max() + sq_v.max())
     i, j = (sq_dist < coarse).nonzero(as_tuple=True)
-    close = sq_dist[i, j] < recipes._NEAR * (sq_u[i] + sq_v[j])
+    close = sq_dist[i, j] < formulas._NEAR * (sq_u[i] + sq_v[j])
     i, j = i[close], j[close]
     if i.numel():
         diff = rows[i, :d] + 0.5 * cols[j, :d]
@@ -56,9 +56,9 @@ def row_minima_pair_test(rows: torch.Tensor, cols: torch.Tensor, sq_dist: torch.
         return
     d = rows.shape[1] - 2
     mins = sq_dist.amin(dim=1)
-    candidates = ((mins < 1.01 * recipes._NEAR * (rows[:, d] + cols[:, d + 1].max())) | mins.isnan()).nonzero()
+    candidates = ((mins < 1.01 * formulas._NEAR * (rows[:, d] + cols[:, d + 1].max())) | mins.isnan()).nonzero()
     if candidates.numel():
-        recipes._exact_pairs(rows, cols, sq_dist, candidates.squeeze(1))
+        formulas._exact_pairs(rows, cols, sq_dist, candidates.squeeze(1))
 
 
 def main() -> None:
@@ -70,7 +70,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args()
     device = torch.device(args.device)
-    kgp_test = recipes._exact_near_zero
+    kgp_test = formulas._exact_near_zero
     variants = {
         "kgp": kgp_test,
         "pair test": row_minima_pair_test,
@@ -97,13 +97,13 @@ def main() -> None:
             seconds, results = {}, {}
             try:
                 for label, test in variants.items():
-                    recipes._exact_near_zero = test if test is not None else (lambda *a: None)
+                    formulas._exact_near_zero = test if test is not None else (lambda *a: None)
                     with settings.kernel_cache("never"), settings.fused_kernels("never"):
                         one_pass = functools.partial(op.fused_matmul, v)
                         results[label] = one_pass()
                         seconds[label] = best_time(one_pass, args.reps, device)
             finally:
-                recipes._exact_near_zero = kgp_test
+                formulas._exact_near_zero = kgp_test
             ours, pairs, scan, floor = (seconds[k] for k in variants)
             a, b = results["kgp"].double(), results["pair test"].double()
             gap = float((a - b).abs().max() / b.abs().max())

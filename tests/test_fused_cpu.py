@@ -14,7 +14,7 @@ import torch
 
 import kgp
 from kgp import settings
-from kgp.kernels.recipes import EXP_FLOOR
+from kgp.kernels.formulas import EXP_FLOOR
 from kgp.operators import fused_cpu
 
 pytestmark = pytest.mark.skipif(fused_cpu.native_error() is not None, reason="the native CPU pass cannot be built")
@@ -441,7 +441,7 @@ def test_k_too_large_for_the_budget_for_one_tile_is_never_stored():
     v = torch.randn(300, 1, generator=g)
     op = kgp.kernel_operator(_rbf(1.0, torch.float32), X, Z)
     budget = 200 * 5 * 4 * 2  # the augmented rows (n (d + 2) floats), twice: 6 rows of K
-    assert op.recipe.buffers_needed == 1 and budget // (300 * 4) < fused_cpu.TILE
+    assert op.formula.buffers_needed == 1 and budget // (300 * 4) < fused_cpu.TILE
     with settings.kernel_cache("auto"), settings.memory_budget(budget):
         results = [op.fused_matmul(v, accumulate=torch.float64) for _ in range(3)]
         assert not {"stored", "stored_head", "storing"} & set(op._cache)
@@ -468,7 +468,7 @@ def test_a_head_of_k_is_stored_where_the_whole_k_does_not_fit(family, dtype, acc
     budget = n * m * itemsize // 2
     op = kgp.kernel_operator(kernel, X, Z)
     with settings.kernel_cache("auto"), settings.memory_budget(budget):
-        spare = op.block_rows() if op.recipe.buffers_needed > 1 else 0
+        spare = op.block_rows() if op.formula.buffers_needed > 1 else 0
         first = op.fused_matmul(v, w, accumulate=accumulate)
         assert not {"stored", "stored_head"} & set(op._cache)
         second = op.fused_matmul(v, w, accumulate=accumulate)

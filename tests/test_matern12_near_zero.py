@@ -3,7 +3,7 @@
 The expanded squared distance |u|^2 + |v|^2 - 2 u.v has an absolute error of about (d + 2) eps (|u|^2 + |v|^2);
 Matern 1/2 reads it through a square root, which turned that into 5e-4 (here up to 1e-2) on the zero-distance
 entries of ``K[i, j]`` blocks. Close pairs are now recomputed from their differences; the bound below is the
-error the rest keep (kgp/kernels/recipes.py, ``_NEAR``).
+error the rest keep (kgp/kernels/formulas.py, ``_NEAR``).
 """
 
 from __future__ import annotations

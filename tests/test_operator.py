@@ -84,7 +84,7 @@ def test_fast_path_matches_gpytorch(name, dtype):
     X, Z = data(dtype=dtype)
     kernel = make_kernel(name, X.shape[1], dtype)
     op = kernel_operator(kernel, X, Z)
-    assert op.recipe.family != "generic"
+    assert op.formula.family != "generic"
     K = gpytorch_dense(kernel, X, Z)
     kmax = K.abs().max()
     tol = TOL[dtype]
@@ -177,7 +177,7 @@ def test_gram_stays_under_budget():
 def test_matern_ard_is_fast():
     # ARD lengthscales are a diagonal rescaling: the fast path covers them
     op = kernel_operator(gpytorch.kernels.MaternKernel(nu=1.5, ard_num_dims=3), torch.randn(4, 3))
-    assert op.recipe.family == "matern32"
+    assert op.formula.family == "matern32"
 
 
 # --------------------------------------------------------------------- autograd

@@ -24,10 +24,10 @@ from kgp.operators import KernelOperator, kernel_operator
 
 def reference_dense(op: KernelOperator) -> torch.Tensor:
     """Dense, differentiable K(x1, x2) (transposed if the operator is) from the representation."""
-    x1, x2, hypers, recipe = op.x1, op.x2, op.hypers, op.recipe
-    family = recipe.family
+    x1, x2, hypers, formula = op.x1, op.x2, op.hypers, op.formula
+    family = formula.family
     if family == "generic":
-        params = dict(zip(recipe.param_names, hypers))
+        params = dict(zip(formula.param_names, hypers))
         out = torch.func.functional_call(op.kernel, params, (x1, x2))
         out = out.to_dense() if not torch.is_tensor(out) else out
     else:
@@ -49,8 +49,8 @@ def reference_dense(op: KernelOperator) -> torch.Tensor:
         elif family == "linear":
             out = shape.reshape(()) * (x1 @ x2.T)
         else:
-            out = (x1 @ x2.T + shape.reshape(())).pow(recipe.power)
-        if recipe.scaled:
+            out = (x1 @ x2.T + shape.reshape(())).pow(formula.power)
+        if formula.scaled:
             out = out * hypers[1].reshape(())
     return out.T if op.transposed else out
 

@@ -1,6 +1,6 @@
-"""Kernel helpers: shortcut names, fast-path recipes and (de)serialisation of GPyTorch kernels."""
+"""Kernel helpers: shortcut names, fast-path formulas and (de)serialisation of GPyTorch kernels."""
 
-from .recipes import KernelParameters, KernelRecipe, kernel_parameters, recipe_for
+from .formulas import KernelFormula, KernelParameters, formula_for, kernel_parameters
 from .shortcuts import KERNEL_SHORTCUTS, make_kernel
 
-__all__ = ["KERNEL_SHORTCUTS", "KernelParameters", "KernelRecipe", "kernel_parameters", "make_kernel", "recipe_for"]
+__all__ = ["KERNEL_SHORTCUTS", "KernelFormula", "KernelParameters", "formula_for", "kernel_parameters", "make_kernel"]

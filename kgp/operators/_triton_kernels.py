@@ -1,7 +1,7 @@
 """Triton kernels of the fused GPU pass (imported only where Triton is installed; see :mod:`.fused_gpu`).
 
 Both kernels evaluate kernel tiles in registers from the augmented inputs of
-:meth:`kgp.kernels.recipes.KernelRecipe.prepare_rows` / ``prepare_cols``, stored transposed (``DIM x n``
+:meth:`kgp.kernels.formulas.KernelFormula.prepare_rows` / ``prepare_cols``, stored transposed (``DIM x n``
 and ``DIM x m``) so that each of the ``DIM`` outer-product steps reads contiguous rows. The kernel
 matrix never reaches memory: a tile is formed, used once and dropped, so the two products
 ``u = K v + w`` and ``K^T u`` each form every tile once (KeOps-style recomputation), where the blocked
@@ -48,7 +48,7 @@ def _tile(
     LOW: tl.constexpr,
     HIGH: tl.constexpr,
 ):
-    """The unscaled kernel tile k(rows[offs_n], cols[offs_m]), as :meth:`KernelRecipe.fill` computes it."""
+    """The unscaled kernel tile k(rows[offs_n], cols[offs_m]), as :meth:`KernelFormula.fill` computes it."""
     a = tl.load(rows_t + offs_n, mask=mask_n, other=0.0)
     b = tl.load(cols_t + offs_m, mask=mask_m, other=0.0)
     t = a[:, None] * b[None, :]
@@ -70,7 +70,7 @@ def _tile(
 
 @triton.jit
 def _nonlinear(t, FAMILY: tl.constexpr, LOW: tl.constexpr, HIGH: tl.constexpr):
-    """The kernel values from the augmented product ``t``, as :meth:`KernelRecipe.fill` computes them."""
+    """The kernel values from the augmented product ``t``, as :meth:`KernelFormula.fill` computes them."""
     if FAMILY == 0:
         # the inputs fold in log2(e): t is the base-2 exponent, floored so that results stay normal
         e = tl.exp2(tl.minimum(tl.maximum(t, LOW), HIGH))

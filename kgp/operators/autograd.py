@@ -47,7 +47,7 @@ class BlockAutograd:
         with torch.enable_grad():
             for rows in row_slices(0, x1.shape[0], self.block_rows(True)):
                 xr = x1[rows].detach().requires_grad_(wants[0])
-                block = self.recipe.dense(xr, x2, hypers, self.kernel, diag_offset=self._diag_offset(rows))
+                block = self.formula.dense(xr, x2, hypers, self.kernel, diag_offset=self._diag_offset(rows))
                 loss = (left[rows] * (block @ right)).sum()
                 inputs = [t for t in (xr, *targets) if t.requires_grad]
                 got = iter(torch.autograd.grad(loss, inputs, allow_unused=True))

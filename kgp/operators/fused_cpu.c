@@ -4,7 +4,7 @@
    that module's docstring for when it runs. An RBF entry is K[i, j] = exp2(clamp(r_i . c_j, lo, hi = 0)) with
    r_i = [u_i, -|u_i|^2 / 2, 1] and c_j = log2(e) [v_j, 1, -|v_j|^2 / 2]; a Matern entry reads a^2 = r_i . c_j
    = |u_i - v_j|^2 (r_i = [u_i, |u_i|^2, 1], c_j = [-2 v_j, 1, |v_j|^2], sqrt 3 or sqrt 5 folded into u and v),
-   clamped to [lo = 0, hi], as kgp/kernels/recipes.py's blocks do. A tile is formed, multiplied by v and multiplied back while it sits in the cache: the block is never written to
+   clamped to [lo = 0, hi], as kgp/kernels/formulas.py's blocks do. A tile is formed, multiplied by v and multiplied back while it sits in the cache: the block is never written to
    memory, which is what bounds the blocked pass (docs/backend.md, "The native CPU pass").
 
    Layouts (row-major): R is n x D (the rows), CT is D x MP (the columns, transposed, padded to MP, a multiple

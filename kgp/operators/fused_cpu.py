@@ -54,7 +54,7 @@ import torch
 from torch import Tensor
 
 from .. import settings
-from ..kernels.recipes import _LOG2E, EXP_FLOOR
+from ..kernels.formulas import EXP_FLOOR, LOG2E
 from ..linalg.native_build import build_library, run_parallel
 
 __all__ = [
@@ -139,7 +139,7 @@ def native_applies(op, k: int, *rhs: Tensor) -> bool:
     docstring); a stored ``K`` is only seen once it exists, :func:`use_native` is what the products call."""
     mode = settings.fused_kernels.value()
     x1 = op.x1
-    if mode == "never" or op.recipe.family not in _FAMILIES or x1.device.type != "cpu" or not 1 <= k <= MAX_COLUMNS:
+    if mode == "never" or op.formula.family not in _FAMILIES or x1.device.type != "cpu" or not 1 <= k <= MAX_COLUMNS:
         return False
     if x1.dtype not in _DTYPES or op.distance_dtype is not None or op._needs_grad():
         return False
@@ -328,10 +328,10 @@ def _run(op, vs: Tensor, w: Tensor | None, accumulate: torch.dtype, kv: Tensor |
         (torch.float32, torch.float64): lib.kgp_pass_f32_f64,
         (torch.float64, torch.float64): lib.kgp_pass_f64,
     }[(dtype, accumulate)]
-    family = op.recipe.family
+    family = op.formula.family
     floor = EXP_FLOOR[dtype]
-    # the blocked pass's clamps (KernelRecipe.fill): the base-2 exponent for RBF, a^2 for Matern
-    lo, hi = (floor * _LOG2E, 0.0) if family == "rbf" else (0.0, floor * floor)
+    # the blocked pass's clamps (KernelFormula.fill): the base-2 exponent for RBF, a^2 for Matern
+    lo, hi = (floor * LOG2E, 0.0) if family == "rbf" else (0.0, floor * floor)
     # K due to be stored at this use: its rows (all, or a head) in one parallel call, the rest in another
     store = op._cache.pop("storing", None) if start == 0 else None
     stored_rows = 0 if store is None else store.shape[0]

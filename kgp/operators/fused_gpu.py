@@ -51,7 +51,7 @@ import torch
 from torch import Tensor
 
 from .. import settings
-from ..kernels.recipes import _LOG2E, EXP_FLOOR
+from ..kernels.formulas import EXP_FLOOR, LOG2E
 
 __all__ = ["cols_product", "fused_applies", "rows_product", "use_fused"]
 
@@ -147,7 +147,7 @@ def fused_applies(op, k: int, *rhs: Tensor) -> bool:
     it exists; :func:`use_fused` is what the products call.
     """
     mode = settings.fused_kernels.value()
-    if mode == "never" or k != 1 or op.recipe.family not in _FAMILIES:
+    if mode == "never" or k != 1 or op.formula.family not in _FAMILIES:
         return False
     x1 = op.x1
     if x1.dtype != torch.float32 or op.distance_dtype is not None:
@@ -209,7 +209,7 @@ def _prepared(op) -> tuple[Tensor, Tensor]:
 def _bounds(family: str, dtype: torch.dtype) -> tuple[float, float]:
     floor = EXP_FLOOR[dtype]
     if family == "rbf":
-        return floor * _LOG2E, 0.0
+        return floor * LOG2E, 0.0
     return 0.0, floor * floor
 
 
@@ -220,12 +220,12 @@ def rows_product(op, v: Tensor, w: Tensor | None = None) -> Tensor:
     rows_t, cols_t = _prepared(op)
     n, m = op.shape_nm
     dtype = op.x1.dtype
-    low, high = _bounds(op.recipe.family, dtype)
+    low, high = _bounds(op.formula.family, dtype)
     u = torch.empty(n, dtype=dtype, device=op.x1.device)
     v = v.reshape(-1).to(dtype).contiguous()
     w = None if w is None else w.reshape(-1).to(dtype).contiguous()
     with _on(op.x1.device):
-        _launch_rows(rows_kernel, rows_t, cols_t, v, w, u, n, m, op.recipe.family, low, high, form)
+        _launch_rows(rows_kernel, rows_t, cols_t, v, w, u, n, m, op.formula.family, low, high, form)
     return u
 
 
@@ -260,7 +260,7 @@ def cols_product(op, u: Tensor, out_dtype: torch.dtype) -> Tensor:
     rows_t, cols_t = _prepared(op)
     n, m = op.shape_nm
     dtype = op.x1.dtype
-    low, high = _bounds(op.recipe.family, dtype)
+    low, high = _bounds(op.formula.family, dtype)
     rows_per_split = _rows_per_split(n, m, op.x1.device)
     splits = max(1, -(-n // rows_per_split))
     part = torch.empty(splits, m, dtype=torch.float64, device=op.x1.device)
@@ -274,7 +274,7 @@ def cols_product(op, u: Tensor, out_dtype: torch.dtype) -> Tensor:
             n=n,
             m=m,
             rows_per_split=rows_per_split,
-            FAMILY=_FAMILIES[op.recipe.family],
+            FAMILY=_FAMILIES[op.formula.family],
             LOW=low,
             HIGH=high,
             out_dtype=_triton_dtype(dtype),

@@ -7,7 +7,7 @@ Design (docs/backend.md):
   K^T (K v + w) sum per-block partial products.
 * Block sizes come from :func:`~kgp.operators.blocks.plan_block_rows` (``kgp.settings.memory_budget``,
   ``kgp.settings.block_rows``).
-* Without autograd, fast families fill one reused buffer in place (:meth:`KernelRecipe.fill`).
+* Without autograd, fast families fill one reused buffer in place (:meth:`KernelFormula.fill`).
   With autograd, ``op @ v`` goes through linear_operator's ``Matmul`` function, whose forward is the
   fast path and whose backward calls :meth:`KernelOperator._bilinear_derivative`, which recomputes one
   differentiable block at a time, so the autograd graph never holds more than one block.
@@ -27,7 +27,7 @@ import torch
 from linear_operator.operators import LinearOperator
 from torch import Tensor
 
-from ..kernels.recipes import KernelRecipe, recipe_for
+from ..kernels.formulas import KernelFormula, formula_for
 from .autograd import BlockAutograd
 from .products import StreamingProducts
 from .workspace import BlockWorkspace, cache_key
@@ -97,9 +97,9 @@ def kernel_operator(
     x2 = x1 if x2 is None else x2
     if distance_dtype is not None and distance_dtype not in _SUPPORTED_DTYPES:
         raise TypeError(f"kernel_operator: distance_dtype must be None, float32 or float64, got {distance_dtype}")
-    recipe, hypers = recipe_for(kernel)
+    formula, hypers = formula_for(kernel)
     hypers = tuple(h.to(device=x1.device, dtype=x1.dtype) for h in hypers)
-    return KernelOperator(x1, x2, *hypers, kernel=kernel, recipe=recipe, distance_dtype=distance_dtype, shard=shard)
+    return KernelOperator(x1, x2, *hypers, kernel=kernel, formula=formula, distance_dtype=distance_dtype, shard=shard)
 
 
 class KernelOperator(BlockWorkspace, StreamingProducts, BlockAutograd, LinearOperator):
@@ -116,10 +116,10 @@ class KernelOperator(BlockWorkspace, StreamingProducts, BlockAutograd, LinearOpe
     x1, x2:
         ``n x d`` and ``m x d`` inputs.
     *hypers:
-        Hyperparameter tensors in the order the recipe defines (see :func:`kgp.kernels.recipe_for`).
+        Hyperparameter tensors in the order the formula defines (see :func:`kgp.kernels.formula_for`).
     kernel:
         The GPyTorch kernel (used by the generic path, and kept for introspection).
-    recipe:
+    formula:
         How to evaluate the kernel.
     transposed:
         Represent ``K(x1, x2)^T`` (``m x n``) while still streaming over ``x1``.
@@ -139,7 +139,7 @@ class KernelOperator(BlockWorkspace, StreamingProducts, BlockAutograd, LinearOpe
         x2: Tensor,
         *hypers: Tensor,
         kernel: gpytorch.kernels.Kernel,
-        recipe: KernelRecipe,
+        formula: KernelFormula,
         transposed: bool = False,
         batch_shape: tuple[int, ...] = (),
         cache: dict | None = None,
@@ -172,7 +172,7 @@ class KernelOperator(BlockWorkspace, StreamingProducts, BlockAutograd, LinearOpe
             x2,
             *hypers,
             kernel=kernel,
-            recipe=recipe,
+            formula=formula,
             transposed=transposed,
             batch_shape=batch_shape,
             cache=cache,
@@ -183,7 +183,7 @@ class KernelOperator(BlockWorkspace, StreamingProducts, BlockAutograd, LinearOpe
         self.x2 = x2
         self.hypers = tuple(hypers)
         self.kernel = kernel
-        self.recipe = recipe
+        self.formula = formula
         self.transposed = transposed
         self.batch_shape_ = batch_shape
         self.distance_dtype = distance_dtype
@@ -197,7 +197,7 @@ class KernelOperator(BlockWorkspace, StreamingProducts, BlockAutograd, LinearOpe
             self.x2,
             *self.hypers,
             kernel=self.kernel,
-            recipe=self.recipe,
+            formula=self.formula,
             transposed=self.transposed if transposed is None else transposed,
             batch_shape=self.batch_shape_ if batch_shape is None else batch_shape,
             cache=self._cache,
@@ -225,7 +225,7 @@ class KernelOperator(BlockWorkspace, StreamingProducts, BlockAutograd, LinearOpe
         return any(t.requires_grad for t in (self.x1, self.x2, *self.hypers))
 
     def _scale(self) -> Tensor | None:
-        _, scale = self.recipe.split(self.hypers)
+        _, scale = self.formula.split(self.hypers)
         return None if scale is None else scale.reshape(())
 
     def _same_inputs(self) -> bool:
@@ -258,13 +258,13 @@ class KernelOperator(BlockWorkspace, StreamingProducts, BlockAutograd, LinearOpe
 
     def _diag_offset(self, rows: slice) -> int | None:
         """Column of the block's first diagonal entry for K(X, X) with a stationary kernel, else None."""
-        if self.recipe.is_stationary and self._same_inputs():
+        if self.formula.is_stationary and self._same_inputs():
             return rows.start
         return None
 
     def _dense_rows(self, rows: slice) -> Tensor:
         """Differentiable scaled block K(x1[rows], x2)."""
-        return self.recipe.dense(self.x1[rows], self.x2, self.hypers, self.kernel, diag_offset=self._diag_offset(rows))
+        return self.formula.dense(self.x1[rows], self.x2, self.hypers, self.kernel, diag_offset=self._diag_offset(rows))
 
     def _matrix(self) -> Tensor:
         """Dense K(x1, x2) (not transposed, no batch)."""
@@ -276,7 +276,9 @@ class KernelOperator(BlockWorkspace, StreamingProducts, BlockAutograd, LinearOpe
             if scale is not None:
                 out.mul_(scale)
             return out
-        return self.recipe.dense(self.x1, self.x2, self.hypers, self.kernel, diag_offset=self._diag_offset(slice(0, 0)))
+        return self.formula.dense(
+            self.x1, self.x2, self.hypers, self.kernel, diag_offset=self._diag_offset(slice(0, 0))
+        )
 
     def to_dense(self) -> Tensor:
         """The dense matrix (n x m): only for small operators, it allocates the whole matrix."""
@@ -290,7 +292,7 @@ class KernelOperator(BlockWorkspace, StreamingProducts, BlockAutograd, LinearOpe
         n, m = self.shape_nm
         if n != m:
             raise RuntimeError(f"diagonal of a non-square {n} x {m} kernel operator")
-        out = self.recipe.pairs(self.x1, self.x2, self.hypers, self.kernel)
+        out = self.formula.pairs(self.x1, self.x2, self.hypers, self.kernel)
         if self.batch_shape_:
             out = out.expand(*self.batch_shape_, n)
         return out
@@ -301,7 +303,7 @@ class KernelOperator(BlockWorkspace, StreamingProducts, BlockAutograd, LinearOpe
         shape = torch.broadcast_shapes(row_index.shape, col_index.shape, *(b.shape for b in batch_indices))
         xa = self.x1[row_index.expand(shape)]
         xb = self.x2[col_index.expand(shape)]
-        return self.recipe.pairs(xa, xb, self.hypers, self.kernel)
+        return self.formula.pairs(xa, xb, self.hypers, self.kernel)
 
     def _getitem(self, row_index, col_index, *batch_indices):
         simple = all(isinstance(i, slice) or (torch.is_tensor(i) and i.dim() == 1) for i in (row_index, col_index))
@@ -319,7 +321,7 @@ class KernelOperator(BlockWorkspace, StreamingProducts, BlockAutograd, LinearOpe
             self.x2[col_index],
             *self.hypers,
             kernel=self.kernel,
-            recipe=self.recipe,
+            formula=self.formula,
             transposed=self.transposed,
             batch_shape=batch_shape,
             distance_dtype=self.distance_dtype,  # the block keeps the precision the operator was built with
@@ -338,4 +340,4 @@ class KernelOperator(BlockWorkspace, StreamingProducts, BlockAutograd, LinearOpe
         return self._view(batch_shape=tuple(self.batch_shape_[d] for d in dims))
 
     def __repr__(self) -> str:
-        return f"KernelOperator({' x '.join(map(str, self.shape))}, family={self.recipe.family}, dtype={self.dtype})"
+        return f"KernelOperator({' x '.join(map(str, self.shape))}, family={self.formula.family}, dtype={self.dtype})"

@@ -2,7 +2,7 @@
 stored ``K`` and the row blocks every product streams over (docs/backend.md).
 
 :class:`BlockWorkspace` is a mixin of the operator: it reads the operator's ``x1``, ``x2``, ``hypers``,
-``recipe``, ``distance_dtype`` and its cache dict ``_cache``, which travels with the operator when
+``formula``, ``distance_dtype`` and its cache dict ``_cache``, which travels with the operator when
 linear_operator rebuilds it (see :class:`~kgp.operators.KernelOperator`).
 """
 
@@ -42,10 +42,10 @@ class BlockWorkspace:
     """Prepared inputs, buffers, the stored matrix and the row blocks of a kernel operator (a mixin)."""
 
     def _fast(self) -> bool:
-        return self.recipe.family != "generic" and not self._needs_grad()
+        return self.formula.family != "generic" and not self._needs_grad()
 
     def _center(self) -> Tensor | None:
-        if not self.recipe.is_stationary:
+        if not self.formula.is_stationary:
             return None
         if "center" not in self._cache:
             self._cache["center"] = self._in_distance_dtype(self.x2.detach()).mean(dim=0, keepdim=True)
@@ -63,7 +63,7 @@ class BlockWorkspace:
         if "cols" not in self._cache:
             with torch.no_grad():
                 x2 = self._in_distance_dtype(self.x2)
-                cols = self.recipe.prepare_cols(x2, self._distance_hypers(), self._center())
+                cols = self.formula.prepare_cols(x2, self._distance_hypers(), self._center())
                 self._cache["cols"] = cols.contiguous()
         return self._cache["cols"]
 
@@ -77,14 +77,14 @@ class BlockWorkspace:
         hypers = self._distance_hypers()
         with torch.no_grad():
             if (n * (d + 2) * itemsize) * 8 <= settings.memory_budget.value(self.x1.device):
-                full = self.recipe.prepare_rows(self._in_distance_dtype(self.x1), hypers, self._center())
+                full = self.formula.prepare_rows(self._in_distance_dtype(self.x1), hypers, self._center())
                 full = full.contiguous()
                 self._cache["rows"] = full
                 return full[rows]
-            return self.recipe.prepare_rows(self._in_distance_dtype(self.x1[rows]), hypers, self._center())
+            return self.formula.prepare_rows(self._in_distance_dtype(self.x1[rows]), hypers, self._center())
 
     def _buffers_per_row(self, differentiable: bool = False) -> int:
-        if self.recipe.family == "generic":
+        if self.formula.family == "generic":
             # a generic forward may build b x m x d temporaries (e.g. PeriodicKernel's differences)
             return 4 + self.x1.shape[1]
         if differentiable:
@@ -92,7 +92,7 @@ class BlockWorkspace:
         extra = 0
         if self.distance_dtype is not None:  # the exponent block in the wider dtype
             extra = -(-self.distance_dtype.itemsize // self.x1.element_size())
-        return self.recipe.buffers_needed + extra
+        return self.formula.buffers_needed + extra
 
     def block_rows(self, differentiable: bool = False) -> int:
         """Rows per block under the current memory budget (and ``kgp.settings.block_rows``).
@@ -115,7 +115,7 @@ class BlockWorkspace:
             for k in [k for k in self._cache if isinstance(k, tuple) and k[0] == "buffers"]:
                 del self._cache[k]
             main = torch.empty(rows, m, dtype=self.x1.dtype, device=self.x1.device)
-            spare = torch.empty_like(main) if self.recipe.buffers_needed > 1 else None
+            spare = torch.empty_like(main) if self.formula.buffers_needed > 1 else None
             self._cache[key] = (main, spare)
         return self._cache[key]
 
@@ -148,14 +148,14 @@ class BlockWorkspace:
         never pays for the ``n x M`` write; 0 where no row fits); ``None`` under ``kernel_cache="never"``, for a
         generic kernel, or at the first use. Only the
         native CPU pass reads a stored head of fewer rows (:func:`kgp.operators.fused_cpu.use_native`)."""
-        if settings.kernel_cache.value() != "auto" or self.recipe.family == "generic":
+        if settings.kernel_cache.value() != "auto" or self.formula.family == "generic":
             return None
         uses = self._cache.get("uses", 0) + 1
         self._cache["uses"] = uses
         if uses < 2:
             return None
         n, m = self.shape_nm
-        spare_rows = self.block_rows() if self.recipe.buffers_needed > 1 else 0
+        spare_rows = self.block_rows() if self.formula.buffers_needed > 1 else 0
         row_bytes = max(1, m * self.x1.element_size())
         fits = settings.memory_budget.value(self.x1.device) // row_bytes - spare_rows
         return max(0, min(n, fits))
@@ -169,7 +169,7 @@ class BlockWorkspace:
         if not self._store_due():
             return None
         n, m = self.shape_nm
-        spare_rows = self.block_rows() if self.recipe.buffers_needed > 1 else 0
+        spare_rows = self.block_rows() if self.formula.buffers_needed > 1 else 0
         stored = torch.empty(n, m, dtype=self.x1.dtype, device=self.x1.device)
         spare = torch.empty(spare_rows, m, dtype=stored.dtype, device=stored.device) if spare_rows else None
         with torch.no_grad():
@@ -184,8 +184,8 @@ class BlockWorkspace:
         exponent = None
         if self.distance_dtype is not None:
             exponent = self._wide_buffer("exponent", out.shape[0], out.shape[1], self.distance_dtype)
-        self.recipe.fill(self._rows(rows), self._cols(), out, spare, exponent=exponent)
-        if self.recipe.is_stationary and self._same_inputs():
+        self.formula.fill(self._rows(rows), self._cols(), out, spare, exponent=exponent)
+        if self.formula.is_stationary and self._same_inputs():
             # k(x, x) = 1 exactly; the augmented GEMM leaves ~sqrt(eps) there for Matern 1/2
             out.diagonal(offset=rows.start).fill_(1.0)
 
@@ -216,14 +216,14 @@ class BlockWorkspace:
         without copies").
         """
         self._check_cache()
-        stored = self._stored() if self.recipe.family != "generic" else None
-        if self.recipe.family == "generic" or stored is not None:
+        stored = self._stored() if self.formula.family != "generic" else None
+        if self.formula.family == "generic" or stored is not None:
             for rows, block in self._block_views(0, self.shape_nm[0], copy=False):
                 out[rows] = block
             return out
         rows_per_block = self.block_rows()
         spare = None
-        if self.recipe.buffers_needed > 1:
+        if self.formula.buffers_needed > 1:
             spare = torch.empty(min(rows_per_block, out.shape[0]), out.shape[1], dtype=out.dtype, device=out.device)
         with torch.no_grad():
             for rows in row_slices(0, out.shape[0], rows_per_block):
@@ -234,7 +234,7 @@ class BlockWorkspace:
     def _block_views(self, start: int, stop: int, copy: bool) -> Iterator[tuple[slice, Tensor]]:
         """Unscaled blocks; from the stored matrix when there is one (copied into the buffer if ``copy``)."""
         self._check_cache()
-        if self.recipe.family == "generic":
+        if self.formula.family == "generic":
             yield from self._generic_blocks(start, stop)
             return
         rows_per_block = self.block_rows()

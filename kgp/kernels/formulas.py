@@ -1,6 +1,6 @@
 """Recognise GPyTorch kernels and evaluate their blocks fast.
 
-A :class:`KernelRecipe` describes *how* to evaluate one kernel (its family and which
+A :class:`KernelFormula` describes *how* to evaluate one kernel (its family and which
 hyperparameter tensors it needs); the hyperparameter tensors themselves travel separately,
 as arguments of the :class:`~kgp.operators.KernelOperator`, so that linear_operator's
 autograd machinery sees them.
@@ -35,20 +35,20 @@ from torch import Tensor
 from .exp_floor import EXP_FLOOR
 from .rbf_block import rbf_block
 
-__all__ = ["EXP_FLOOR", "KernelParameters", "KernelRecipe", "kernel_parameters", "recipe_for"]
+__all__ = ["EXP_FLOOR", "LOG2E", "KernelFormula", "KernelParameters", "formula_for", "kernel_parameters"]
 
 _SQRT3 = math.sqrt(3.0)
 _SQRT5 = math.sqrt(5.0)
 _DISTANCE_FAMILIES = ("rbf", "matern12", "matern32", "matern52")
-_LOG2E = math.log2(math.e)
+LOG2E = math.log2(math.e)
 # factor c folded into the augmented inputs, so the GEMM yields (c r)^2 and exp(-c r) needs no extra
 # pass. Matern 1/2 and the RBF fold in log2(e) as well and call exp2: 1.6x faster than exp in float32
 # on the development CPU (docs/backend.md), at a relative error of the order the GEMM already makes.
-_DISTANCE_FACTOR = {"matern12": _LOG2E, "matern32": _SQRT3, "matern52": _SQRT5}
+_DISTANCE_FACTOR = {"matern12": LOG2E, "matern32": _SQRT3, "matern52": _SQRT5}
 
 
 @dataclass(frozen=True)
-class KernelRecipe:
+class KernelFormula:
     """How to evaluate one kernel from its hyperparameter tensors.
 
     Attributes
@@ -108,7 +108,7 @@ class KernelRecipe:
             ones = torch.ones_like(sq)
             if self.family == "rbf":
                 # exp(u.v - |u|^2/2 - |v|^2/2) = exp2(log2(e) (...)): the GEMM yields the base-2 exponent
-                return torch.cat([v, ones, -0.5 * sq], dim=1).mul_(_LOG2E)
+                return torch.cat([v, ones, -0.5 * sq], dim=1).mul_(LOG2E)
             return torch.cat([-2.0 * v, ones, sq], dim=1)
         if self.family == "linear":
             return z * shape.reshape(1, 1)
@@ -166,16 +166,16 @@ class KernelRecipe:
             return out.pow_(self.power)
         floor = EXP_FLOOR.get(out.dtype, EXP_FLOOR[torch.float32])
         if family == "rbf":
-            return out.clamp_(min=floor * _LOG2E, max=0.0).exp2_()
+            return out.clamp_(min=floor * LOG2E, max=0.0).exp2_()
         # distance families: the GEMM gives a^2 with a = c r (c = log2 e, sqrt 3, sqrt 5 folded into the inputs)
         if family == "matern12":
-            limit = floor * _LOG2E
+            limit = floor * LOG2E
             return out.clamp_(min=0.0, max=limit * limit).sqrt_().neg_().exp2_()
         a = out.clamp_(min=0.0, max=floor * floor).sqrt_()
         assert spare is not None
         # exp(-a) as exp2(-a log2 e): torch's exp2 ran 2-3x faster than exp here (float32 3.5 against
         # 1.2 G elements/s, one thread: benchmarks/bench_roofline.py); the product rounds by ~a eps
-        torch.mul(a, -_LOG2E, out=spare).exp2_()
+        torch.mul(a, -LOG2E, out=spare).exp2_()
         if family == "matern32":
             return a.add_(1.0).mul_(spare)
         return a.addcmul_(a, a, value=1.0 / 3.0).add_(1.0).mul_(spare)  # matern52
@@ -268,8 +268,8 @@ def _plain(kernel) -> bool:
     return kernel.active_dims is None and len(kernel.batch_shape) == 0
 
 
-def recipe_for(kernel: gpytorch.kernels.Kernel) -> tuple[KernelRecipe, tuple[Tensor, ...]]:
-    """Return the recipe and the current hyperparameter tensors of a GPyTorch kernel.
+def formula_for(kernel: gpytorch.kernels.Kernel) -> tuple[KernelFormula, tuple[Tensor, ...]]:
+    """Return the formula and the current hyperparameter tensors of a GPyTorch kernel.
 
     The tensors keep their autograd history (they are ``kernel.lengthscale`` etc.), so products
     of the operator are differentiable with respect to the kernel's raw parameters.
@@ -281,32 +281,32 @@ def recipe_for(kernel: gpytorch.kernels.Kernel) -> tuple[KernelRecipe, tuple[Ten
     if type(kernel) is gpytorch.kernels.ScaleKernel and _plain(kernel):
         scale = kernel.outputscale.reshape(1)
         base = kernel.base_kernel
-    fast = _fast_recipe(base)
+    fast = _fast_formula(base)
     if fast is not None:
-        recipe, shape = fast
+        formula, shape = fast
         if scale is None:
-            return recipe, (shape,)
-        return KernelRecipe(recipe.family, True, recipe.power), (shape, scale)
+            return formula, (shape,)
+        return KernelFormula(formula.family, True, formula.power), (shape, scale)
     names = tuple(name for name, _ in kernel.named_parameters())
     params = tuple(p for _, p in kernel.named_parameters())
-    return KernelRecipe("generic", param_names=names), params
+    return KernelFormula("generic", param_names=names), params
 
 
-def _fast_recipe(kernel) -> tuple[KernelRecipe, Tensor] | None:
+def _fast_formula(kernel) -> tuple[KernelFormula, Tensor] | None:
     if not _plain(kernel):
         return None
     kind = type(kernel)
     if kind is gpytorch.kernels.RBFKernel:
-        return KernelRecipe("rbf"), kernel.lengthscale.reshape(-1)
+        return KernelFormula("rbf"), kernel.lengthscale.reshape(-1)
     if kind is gpytorch.kernels.MaternKernel:
         family = {0.5: "matern12", 1.5: "matern32", 2.5: "matern52"}.get(float(kernel.nu))
         if family is None:
             return None
-        return KernelRecipe(family), kernel.lengthscale.reshape(-1)
+        return KernelFormula(family), kernel.lengthscale.reshape(-1)
     if kind is gpytorch.kernels.LinearKernel:
-        return KernelRecipe("linear"), kernel.variance.reshape(1)
+        return KernelFormula("linear"), kernel.variance.reshape(1)
     if kind is gpytorch.kernels.PolynomialKernel:
-        return KernelRecipe("polynomial", power=int(kernel.power)), kernel.offset.reshape(1)
+        return KernelFormula("polynomial", power=int(kernel.power)), kernel.offset.reshape(1)
     return None
 
 
@@ -351,12 +351,12 @@ def kernel_parameters(kernel: gpytorch.kernels.Kernel) -> KernelParameters:
     TypeError
         If ``kernel`` is not a GPyTorch kernel.
     """
-    recipe, hypers = recipe_for(kernel)
-    if recipe.family == "generic":
+    formula, hypers = formula_for(kernel)
+    if formula.family == "generic":
         return KernelParameters("generic", None, None)
-    shape, scale = recipe.split(hypers)
+    shape, scale = formula.split(hypers)
     outputscale = 1.0 if scale is None else float(scale.detach().reshape(()))
-    return KernelParameters(recipe.family, shape.detach().reshape(-1), outputscale, recipe.power)
+    return KernelParameters(formula.family, shape.detach().reshape(-1), outputscale, formula.power)
 
 
 # Matern 1/2 reads the distance through a square root, so the expanded form's absolute error in the
