@@ -2,7 +2,7 @@
 
 For each shape (n x M x d) and kernel family, ``rows_pass`` (``K v + w``) and ``cols_pass`` (``K^T u``),
 in their tensor-core form (``DOT=True``), are launched with every candidate tile shape of
-:data:`kgp.operators._triton_kernels.DOT_SHAPES` and timed with ``triton.testing.do_bench`` (median, L2
+:data:`kgp.operators.triton_kernels.DOT_SHAPES` and timed with ``triton.testing.do_bench`` (median, L2
 flushed between runs). Prints each shape's time against the best for that problem, and the worst such
 ratio of each tile shape over all problems: the fixed shape that the default ``fused_kernels("auto")``
 uses (no tuning on first use) is the one whose worst ratio is smallest.
@@ -23,8 +23,8 @@ import triton.language as tl
 from triton.testing import do_bench
 
 import kgp
-from kgp.operators import _triton_kernels as tk
 from kgp.operators import fused_gpu
+from kgp.operators import triton_kernels as tk
 
 
 def _launcher(name: str, cfg: tuple[int, int, int], c: dict):

@@ -3,7 +3,7 @@
 On a GPU the blocked pass is bound by memory traffic, not arithmetic: each block is written by the
 distance GEMM, read and written by the exponential, and read by both products, while the GEMM itself
 is a small part of the time (0.66 ms of 16.9 ms at n = 200,000, M = 10,000, d = 8 on an H200,
-docs/backend.md "On a GPU"). The Triton kernels of :mod:`._triton_kernels` form each kernel tile in
+docs/backend.md "On a GPU"). The Triton kernels of :mod:`.triton_kernels` form each kernel tile in
 registers instead (the approach of KeOps, which the FALKON library uses on GPUs), so the pass costs
 two tile evaluations and no block memory at all.
 
@@ -77,7 +77,7 @@ is the next candidate to measure. At large ``d`` the distance GEMM dominates the
 
 TENSOR_CORES = True
 """Whether cards of compute capability 8.0 and up form the distance part on their tensor cores (3xTF32,
-:mod:`._triton_kernels`); ``False`` keeps the FMA loop everywhere (a switch for benchmarks and tests)."""
+:mod:`.triton_kernels`); ``False`` keeps the FMA loop everywhere (a switch for benchmarks and tests)."""
 
 
 @functools.cache
@@ -86,7 +86,7 @@ def _kernels():
     Triton (checked once per process; :func:`_triton_error` says why)."""
     if _triton_error() is not None:
         return None
-    from . import _triton_kernels as tk
+    from . import triton_kernels as tk
 
     if _interpreting():
         # the interpreter has no CUDA events to time configurations with: one small fixed tile shape
@@ -118,7 +118,7 @@ def _kernels():
 def _triton_error() -> str | None:
     """Why Triton's kernels cannot be imported here, or ``None`` (checked once per process)."""
     try:
-        from . import _triton_kernels  # noqa: F401
+        from . import triton_kernels  # noqa: F401
     except Exception as exc:  # not installed, or an install that fails to import: the blocked pass runs
         return f"{type(exc).__name__}: {exc}"
     return None
