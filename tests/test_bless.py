@@ -565,8 +565,8 @@ def test_scores_with_tiny_kernel_values_match_the_unflushed_formula():
     expected = ((K.diagonal() - quad).clamp_min(0) / lam_n).clamp_max(1.0)
     # W = A^-1/2 K_JJ A^-1/2 + lam n I has eigenvalues in [lam n, lam n + 2 max K]: cond <= 1 + 2 / 0.4
     torch.testing.assert_close(est, expected, rtol=1e-10, atol=1e-12)
-    from kgp_builtins.bless.scores import _ScoreEstimator
+    from kgp_builtins.bless.scores import ScoreEstimator
 
     with torch.no_grad():  # as bless() and estimate_leverage_scores() call it
-        factor = _ScoreEstimator(X, kernel, J, a, lam, torch.float64).chol
+        factor = ScoreEstimator(X, kernel, J, a, lam, torch.float64).chol
     assert not bool(((factor != 0) & (factor.abs() < tiny)).any())  # no operand of a subnormal product

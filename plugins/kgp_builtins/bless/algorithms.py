@@ -17,7 +17,7 @@ import gpytorch
 import torch
 from torch import Tensor
 
-from .checks import _check_inputs
+from .checks import check_inputs
 from .options import BLESS_OPTIONS, BLESS_R_OPTIONS, parse_options
 from .path import Level, LevelDraw, Sweep, run_path
 from .result import BlessResult
@@ -116,7 +116,7 @@ def bless(
     -------
     BlessResult
     """
-    lam = _check_inputs(X, kernel, lam, allow_empty=shard is not None)
+    lam = check_inputs(X, kernel, lam, allow_empty=shard is not None)
     options = parse_options(
         "bless()", BLESS_OPTIONS, q=q, t=t, q1=q1, q2=q2, early_stop=early_stop, linalg_dtype=linalg_dtype
     )
@@ -216,7 +216,7 @@ def bless_r(
     BlessResult
         ``d_eff`` is the Horvitz-Thompson estimate ``sum_{U_H} l~(x, lam) / beta_H``.
     """
-    lam = _check_inputs(X, kernel, lam, allow_empty=shard is not None)
+    lam = check_inputs(X, kernel, lam, allow_empty=shard is not None)
     options = parse_options(
         "bless_r()",
         BLESS_R_OPTIONS,

@@ -9,8 +9,10 @@ import gpytorch
 import torch
 from torch import Tensor
 
+__all__ = ["as_generator", "check_inputs", "check_n_centers", "work_dtype"]
 
-def _check_inputs(X: Any, kernel: Any, lam: Any, *, allow_empty: bool = False) -> float:
+
+def check_inputs(X: Any, kernel: Any, lam: Any, *, allow_empty: bool = False) -> float:
     """``lam`` as a float after checking X, kernel and lam (``allow_empty``: a rank of a distributed
     selection may hold no rows)."""
     if not isinstance(X, Tensor):
@@ -30,7 +32,7 @@ def _positive(value: Any, name: str) -> float:
     return float(value)
 
 
-def _check_n_centers(n_centers: Any, n: int) -> int | None:
+def check_n_centers(n_centers: Any, n: int) -> int | None:
     if n_centers is None:
         return None
     if isinstance(n_centers, bool) or not isinstance(n_centers, int):
@@ -40,7 +42,7 @@ def _check_n_centers(n_centers: Any, n: int) -> int | None:
     return n_centers
 
 
-def _as_generator(generator: torch.Generator | int | None) -> torch.Generator:
+def as_generator(generator: torch.Generator | int | None) -> torch.Generator:
     if generator is None:
         return torch.Generator()  # torch's fixed default seed: reproducible
     if isinstance(generator, torch.Generator):
@@ -50,5 +52,5 @@ def _as_generator(generator: torch.Generator | int | None) -> torch.Generator:
     raise TypeError(f"generator: expected a torch.Generator, an int seed or None, got {type(generator).__name__}")
 
 
-def _work_dtype(X: Tensor, linalg_dtype: str) -> torch.dtype:
+def work_dtype(X: Tensor, linalg_dtype: str) -> torch.dtype:
     return torch.float64 if linalg_dtype == "float64" else X.dtype

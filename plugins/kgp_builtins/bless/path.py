@@ -22,9 +22,9 @@ from torch import Tensor
 
 from kgp.operators import kernel_operator
 
-from .checks import _as_generator, _check_n_centers, _work_dtype
+from .checks import as_generator, check_n_centers, work_dtype
 from .result import BlessResult, center_weights
-from .scores import _ScoreEstimator
+from .scores import ScoreEstimator
 
 
 def _lambda_path(lam0: float, lam: float, q: float) -> list[float]:
@@ -61,9 +61,9 @@ class Sweep:
         """Rows of the data set (all ranks' rows in a distributed selection)."""
         return self.X.shape[0] if self.shard is None else self.shard.n_total
 
-    def estimator(self, indices: Tensor, a: Tensor, lam: float) -> _ScoreEstimator:
+    def estimator(self, indices: Tensor, a: Tensor, lam: float) -> ScoreEstimator:
         """Eq. 3 at ``lam`` for the dictionary (J, A) = (indices, diag a)."""
-        return _ScoreEstimator(self.X, self.kernel, indices, a, lam, self.work_dtype, self.shard)
+        return ScoreEstimator(self.X, self.kernel, indices, a, lam, self.work_dtype, self.shard)
 
     def stops(self, level: Level, d_eff: float) -> bool:
         """Whether ``n_centers`` are drawn at this level: the last one, or with ``early_stop`` the first
@@ -123,12 +123,12 @@ def run_path(
 
     Distributed (``shard``): every random draw is over global row numbers from the shared generator,
     so every rank walks the same path and draws the same centers as one process holding all rows;
-    the ranks only sum their rows' scores (:class:`~.scores._ScoreEstimator`) and ``max K_ii``.
+    the ranks only sum their rows' scores (:class:`~.scores.ScoreEstimator`) and ``max K_ii``.
     """
     n = X.shape[0] if shard is None else shard.n_total
-    n_centers = _check_n_centers(n_centers, n)
-    gen = _as_generator(generator)
-    work = _work_dtype(X, linalg_dtype)
+    n_centers = check_n_centers(n_centers, n)
+    gen = as_generator(generator)
+    work = work_dtype(X, linalg_dtype)
     with torch.no_grad():
         kappa2 = _kappa2(X, kernel, shard)
         lam0 = kappa2 / min(t, 1.0)

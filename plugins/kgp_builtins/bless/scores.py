@@ -18,11 +18,13 @@ from torch import Tensor
 from kgp.linalg import flush_below_scale, flush_for_cholesky, psd_cholesky, zero_small_entries
 from kgp.operators import kernel_operator, plan_block_rows, row_slices
 
-from .checks import _check_inputs, _work_dtype
+from .checks import check_inputs, work_dtype
 from .options import parse_option
 
+__all__ = ["ScoreEstimator", "estimate_leverage_scores"]
 
-class _ScoreEstimator:
+
+class ScoreEstimator:
     """The estimator ``l~_J(., lam)`` of BLESS eq. 3 for a fixed column set J and weights A.
 
     ``K_{J,J} + lam n A`` is factorised through ``W = A^{-1/2} K_{J,J} A^{-1/2} + lam n I`` (its
@@ -129,7 +131,7 @@ def estimate_leverage_scores(
     Tensor
         Scores in X's dtype and device.
     """
-    lam = _check_inputs(X, kernel, lam)
+    lam = check_inputs(X, kernel, lam)
     linalg_dtype = parse_option("estimate_leverage_scores()", "linalg_dtype", linalg_dtype)
     if indices.dim() != 1 or a.shape != indices.shape:
         raise ValueError(
@@ -137,5 +139,5 @@ def estimate_leverage_scores(
         )
     rows = torch.arange(X.shape[0], device=X.device) if rows is None else rows.to(X.device)
     with torch.no_grad():
-        est = _ScoreEstimator(X, kernel, indices.to(X.device), a, lam, _work_dtype(X, linalg_dtype))
+        est = ScoreEstimator(X, kernel, indices.to(X.device), a, lam, work_dtype(X, linalg_dtype))
         return est(rows).to(X.dtype)
