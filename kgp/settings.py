@@ -73,15 +73,15 @@ def _env_int(name: str, default: int) -> int:
     return _env_value(name, default, parse)
 
 
-# Weak references to the overrides this thread made and has not decided yet (entered, or applied as the
-# process default); weak, so that a discarded plain call is applied at once by its finalizer. At most a
-# few: the thread's next settings operation decides them.
-_undecided = threading.local()
+# Per thread (.refs): weak references to the overrides this thread made and has not decided yet (entered, or
+# applied as the process default); weak, so that a discarded plain call is applied at once by its finalizer. At
+# most a few: the thread's next settings operation decides them.
+_undecided_overrides = threading.local()
 
 
 def _decide_pending() -> None:
     """Apply this thread's undecided overrides as plain calls: the thread has moved on without a ``with``."""
-    pending = getattr(_undecided, "overrides", None)
+    pending = getattr(_undecided_overrides, "refs", None)
     while pending:
         override = pending.pop(0)()
         if override is not None:
@@ -105,9 +105,9 @@ class Override:
         self._reset: contextvars.Token | None = None
         state = _Decision(setting, value, self._owner)
         self._finalizer = weakref.finalize(self, state.apply)
-        pending = getattr(_undecided, "overrides", None)
+        pending = getattr(_undecided_overrides, "refs", None)
         if pending is None:
-            pending = _undecided.overrides = []
+            pending = _undecided_overrides.refs = []
         pending.append(weakref.ref(self))
 
     def _apply_as_default(self) -> None:
@@ -124,7 +124,7 @@ class Override:
             )
         self._finalizer.detach()
         self._state = "block"
-        _undecided.overrides = [ref for ref in _undecided.overrides if ref() is not self]
+        _undecided_overrides.refs = [ref for ref in _undecided_overrides.refs if ref() is not self]
         self._reset = self._setting._block.set((*self._setting._block.get(), self._value))
 
     def __exit__(self, *exc) -> None:
