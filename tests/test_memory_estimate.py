@@ -66,10 +66,15 @@ def test_largest_fitting_centers_is_the_bisection_bound():
 def test_check_refuses_with_the_option_to_change(monkeypatch):
     est = estimate_fit_memory(1_000_000, 8, n_centers=4_000, budget=8 * 2**30)
     monkeypatch.setenv("KGP_AVAILABLE_MEMORY", str(est.peak - 1))
-    with pytest.raises(InsufficientMemoryError, match=r"n_centers=4,000: peak .* kgp.settings.memory_budget"):
+    with pytest.raises(InsufficientMemoryError, match=r"n_centers=4,000 \(peak .* Remedy: lower kgp.settings.memory"):
         check_fit_memory(est, n_centers=4_000)
     monkeypatch.setenv("KGP_AVAILABLE_MEMORY", str(est.peak))
     check_fit_memory(est, n_centers=4_000)  # exactly fits: no error
+    # where the M x M arrays outweigh the stored kernel matrix, n_centers is the first remedy
+    big_m = estimate_fit_memory(1_000_000, 8, n_centers=30_000, budget=2**30)
+    monkeypatch.setenv("KGP_AVAILABLE_MEMORY", str(2**30))
+    with pytest.raises(InsufficientMemoryError, match=r"Remedy: lower n_centers \(the M x M arrays"):
+        check_fit_memory(big_m, n_centers=30_000)
 
 
 @pytest.mark.parametrize(

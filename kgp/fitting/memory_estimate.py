@@ -196,16 +196,16 @@ def check_fit_memory(estimate: FitMemory, *, n_centers: int, device: Any = None)
         Naming the estimate's parts and the options that lower them (``n_centers``,
         ``kgp.settings.memory_budget``, ``dtype``).
     """
-    if estimate.stored_kernel and estimate.largest_phase == "solve":
+    if estimate.largest_phase == "solve" and estimate.stored_kernel >= estimate.solver_factors:
         remedy = (
             "lower kgp.settings.memory_budget (the stored kernel matrix is at most that), lower n_centers, "
             "or fit in float32 (dtype='float32')"
         )
     else:
-        remedy = "lower n_centers, or fit in float32 (dtype='float32')"
+        remedy = "lower n_centers (the M x M arrays grow as its square), or fit in float32 (dtype='float32')"
     check_memory(
         estimate.peak,
-        what=f"a fit with n_centers={n_centers:,}: {estimate.describe()}",
+        what=f"the arrays of a fit with n_centers={n_centers:,} ({estimate.describe()})",
         remedy=remedy,
         device=device,
     )
