@@ -59,8 +59,8 @@ class Capabilities:
     likelihood:
         Objectives: the value is a negative log (marginal) likelihood per (row, output) term, or a
         bound on it. The loop then warns when learning ends above the white-noise model's likelihood,
-        and ``-value * loss.terms`` (``loss`` being what ``prepare`` returned, ``terms`` its count of
-        terms) is the model's ``log_marginal_likelihood_value_``.
+        and ``-value * terms`` (``terms`` of the :class:`kgp.learning.ObjectiveLoss` that ``prepare``
+        returned, its count of terms) is the model's ``log_marginal_likelihood_value_``.
     uses_kernel:
         Selectors: the centers depend on the kernel's hyperparameters (leverage scores, for instance).
         A fit that learns them (``learn=...``) then selects with the learned kernel: after learning

@@ -111,16 +111,18 @@ def register_objectives(register) -> None:
       :class:`kgp.learning.LearningProblem` (training data, a kernel whose GPyTorch parameters
       are being trained, optional centers with weights, a seeded generator, the resolved options).
       Draw anything random (e.g. a subset of rows) here, from ``problem.generator``. It returns a
-      function ``loss(noise, mean) -> Tensor``: ``noise`` is the current noise variance sigma^2
-      (a 0-d tensor), ``mean`` the current constant mean (one value per output); ``loss`` returns a
-      differentiable 0-d tensor **to minimise, per data point** (e.g. the negative log marginal
-      likelihood divided by the number of points and outputs it was computed on), reading the
-      kernel's current hyperparameters from ``problem.kernel``. kgp owns the optimisation loop
-      (torch.optim over the kernel's raw parameters, the raw noise and the mean), adds the kernel's
-      GPyTorch priors, and stops with an error on a NaN or infinite value. An objective whose value
-      is a negative log likelihood per point declares ``Capabilities(likelihood=True)`` and sets
-      ``loss.terms`` to the number of (row, output) terms it averages: the model then reports
-      ``-value * terms`` as ``log_marginal_likelihood_value_``.
+      :class:`kgp.learning.ObjectiveLoss` ``(loss, terms)`` (a bare function ``loss`` is accepted
+      too, its ``terms`` read from an attribute of that name), with ``loss(noise, mean) -> Tensor``:
+      ``noise`` is the current noise variance sigma^2 (a 0-d tensor), ``mean`` the current constant
+      mean (one value per output); ``loss`` returns a differentiable 0-d tensor **to minimise, per
+      data point** (e.g. the negative log marginal likelihood divided by the number of points and
+      outputs it was computed on), reading the kernel's current hyperparameters from
+      ``problem.kernel``. kgp owns the optimisation loop (torch.optim over the kernel's raw
+      parameters, the raw noise and the mean), adds the kernel's GPyTorch priors, and stops with an
+      error on a NaN or infinite value. An objective whose value is a negative log likelihood per
+      point declares ``Capabilities(likelihood=True)`` and sets ``terms`` to the number of (row,
+      output) terms it averages: the model then reports ``-value * terms`` as
+      ``log_marginal_likelihood_value_``.
 
     Every kernel product goes through ``problem.kernel_operator`` (or :func:`kgp.kernel_operator`
     on row blocks), never n x n (an objective that needs the dense matrix refuses n above

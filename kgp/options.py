@@ -19,6 +19,18 @@ are parsed. Options are resolved once, before any work: the plugin's ``fit`` / `
 calling a plugin directly builds them the same way, e.g.
 ``kgp.resolve_options("solver 'falkon'", kgp.get_solver("falkon"), maxiter=5)``.
 
+Rules between options may also be declared as data, in the plugin's optional ``option_rules`` (a
+tuple of :class:`Requires`): "``polish_iterations``, when set, needs ``optimizer == 'adam'``".
+
+**Where values come from, and which wins.** An option's value comes from one of three layers: the
+declaration's default, a suggestion (``suggested``: the values a recipe chose for ``"auto"``), and the
+user's (``given``). The user's value wins over a suggestion, and a suggestion over the default. When a
+declared rule fails, the value it governs gives way if the user did not give it (it is switched off:
+set to the rule's ``off`` value, None), and the fit raises, naming both options, if the user did. So
+a recipe's or a plugin's default never overrides an explicit choice, and two explicit choices in
+conflict are an error, never silently dropped. The learning loop's options (``learn_options``) and
+every plugin's options go through this one function.
+
 ``kgp plugins --options NAME`` prints the declarations. In the spirit of scikit-learn's
 ``_parameter_constraints``: the declaration is data, so help, errors and checks cannot drift apart.
 """
@@ -34,7 +46,9 @@ from typing import Any
 __all__ = [
     "InvalidOptionError",
     "Option",
+    "Requires",
     "ResolvedOptions",
+    "apply_rules",
     "describe_options",
     "merge_options",
     "option_default",
@@ -162,6 +176,54 @@ class Option:
         return cls(default, help, "True or False", check)
 
 
+@dataclass(frozen=True)
+class Requires:
+    """A declared rule between options: ``option``, when set, needs ``condition(options)`` to hold.
+
+    Attributes
+    ----------
+    option:
+        The option the rule governs (e.g. ``"polish_iterations"``).
+    condition:
+        ``condition(options) -> bool`` on the merged options; checked only while ``option`` is set
+        (its value is not ``off``).
+    message:
+        ``message(owner, options) -> str``: the error when the user gave ``option`` and the rule fails;
+        it names both options and says what to change.
+    off:
+        The value that switches ``option`` off, and that it takes when it gives way (default None).
+    """
+
+    option: str
+    condition: Callable[[Mapping[str, Any]], bool]
+    message: Callable[[str, Mapping[str, Any]], str]
+    off: Any = None
+
+
+def apply_rules(
+    owner: str, rules: tuple[Requires, ...], options: Mapping[str, Any], given: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Apply declared rules in order, with kgp's one precedence rule (module docstring).
+
+    A failing rule raises ``ValueError`` (its message) when the user gave ``rule.option`` (it is in
+    ``given``); otherwise ``rule.option`` is switched off (set to ``rule.off``) and the later rules
+    see it off.
+
+    Returns
+    -------
+    dict
+        The options with the values that gave way switched off.
+    """
+    out = dict(options)
+    for rule in rules:
+        if out[rule.option] is rule.off or rule.condition(out):
+            continue
+        if rule.option in given:
+            raise ValueError(rule.message(owner, out))
+        out[rule.option] = rule.off
+    return out
+
+
 def option_default(declaration: Any) -> Any:
     """The default of an ``option_defaults`` entry (an :class:`Option` or a plain value)."""
     return declaration.default if isinstance(declaration, Option) else declaration
@@ -255,24 +317,34 @@ class ResolvedOptions(Mapping[str, Any]):
 
 
 def resolve_options(
-    owner: str, plugin: Any, given: Mapping[str, Any] | None = None, /, **options: Any
+    owner: str,
+    plugin: Any,
+    given: Mapping[str, Any] | None = None,
+    suggested: Mapping[str, Any] | None = None,
+    /,
+    **options: Any,
 ) -> ResolvedOptions:
-    """Validate ``given`` against ``plugin.option_defaults`` once, cross-option rules included.
+    """Validate options against ``plugin.option_defaults`` once, the rules between options included.
 
     Every option is parsed by its :class:`Option` (unknown names and bad values raise, naming the
-    option); then, if the plugin defines ``check_options(options) -> options``, its cross-option rules
-    run on the merged dict (raising :class:`InvalidOptionError` or ``ValueError`` naming the options).
+    option); then the plugin's declared ``option_rules`` (:class:`Requires`, optional) apply with the
+    precedence rule of the module docstring; then, if the plugin defines
+    ``check_options(options) -> options``, its own rules run on the merged dict (raising
+    :class:`InvalidOptionError` or ``ValueError`` naming the options).
 
     Parameters
     ----------
     owner:
         How errors name the plugin, e.g. ``"solver 'falkon'"``.
     plugin:
-        The plugin object (its ``option_defaults`` and optional ``check_options``).
+        The plugin object (its ``option_defaults``, optional ``option_rules`` and ``check_options``).
     given:
         The user's options, or None.
+    suggested:
+        Values chosen for the user (a recipe's), or None: they replace the declared defaults, the
+        user's values replace them, and they give way where a rule fails (module docstring).
     **options:
-        More options, taking precedence over ``given``: ``resolve_options(owner, plugin, maxiter=5)``
+        More user options, taking precedence over ``given``: ``resolve_options(owner, plugin, maxiter=5)``
         is the short form for a test calling a plugin directly.
 
     Returns
@@ -281,13 +353,13 @@ def resolve_options(
         Every declared option with its value (``given`` itself when it is already the resolved
         options of the same ``owner`` and nothing is added).
     """
-    if isinstance(given, ResolvedOptions) and given.owner == owner and not options:
+    if isinstance(given, ResolvedOptions) and given.owner == owner and not options and not suggested:
         return given  # already validated: a plan's options handed on
+    given = _mapping(owner, given)
     if options:
-        if given is not None and not isinstance(given, Mapping):
-            raise TypeError(f"options for {owner}: expected a dict, got {type(given).__name__}")
-        given = {**(given or {}), **options}
-    merged = merge_options(owner, plugin.option_defaults, given)
+        given = {**given, **options}
+    merged = merge_options(owner, plugin.option_defaults, {**_mapping(owner, suggested), **given})
+    merged = apply_rules(owner, tuple(getattr(plugin, "option_rules", ())), merged, given)
     check = getattr(plugin, "check_options", None)  # an optional method, not a capability flag
     if check is not None:
         declared = set(merged)
@@ -300,6 +372,14 @@ def resolve_options(
                 f"{owner}: check_options must return every declared option and no other; it changed {changed}"
             )
     return ResolvedOptions(owner, merged)
+
+
+def _mapping(owner: str, values: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    if values is None:
+        return {}
+    if not isinstance(values, Mapping):
+        raise TypeError(f"options for {owner}: expected a dict, got {type(values).__name__}")
+    return values
 
 
 def describe_options(defaults: Mapping[str, Any]) -> list[tuple[str, str, str, str]]:

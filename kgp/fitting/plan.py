@@ -9,23 +9,28 @@ looks a plugin up or validates an option again.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
-import gpytorch
-import numpy as np
 import torch
-from torch import Tensor
 
 from ..capabilities import Capabilities
-from ..kernels import KERNEL_SHORTCUTS
 from ..learning.loop_options import ResolvedLearnOptions, resolve_learn_options
 from ..options import ResolvedOptions, resolve_options
 from ..recipes import RecipeChoice, RecipeRequest
 from ..registry import UnknownPluginError, registry
-from ..validation import check_n_centers, check_positive, resolve_dtype
+from ..validation import check_n_centers, resolve_dtype
+from .parameters import check_device, check_parameters
 
-__all__ = ["DEFAULT_SELECTOR", "DEFAULT_SOLVER", "FitPlan", "PluginChoice", "RandomStreams", "resolve_plan"]
+__all__ = [
+    "DEFAULT_SELECTOR",
+    "DEFAULT_SOLVER",
+    "FitPlan",
+    "PluginChoice",
+    "RandomStreams",
+    "check_device",
+    "resolve_plan",
+]
 
 AUTO = "auto"
 DEFAULT_SOLVER = AUTO
@@ -125,63 +130,41 @@ class DataShape:
 def resolve_plan(params: Mapping[str, Any], shape: DataShape | None = None) -> FitPlan | None:
     """Check every estimator parameter and resolve the plugins, before any data work.
 
-    ``params`` are the constructor parameters of :class:`kgp.KernelRegressor` (``get_params()``).
-    With ``solver="auto"`` or ``learn="auto"`` the recipe plugin ``"auto"`` (:mod:`kgp.recipes`)
-    chooses those values from the data's ``shape``; called without a shape, the parameters are
-    checked and None is returned (the fit calls again once the data's shape is known).
+    ``params`` are the constructor parameters of :class:`kgp.KernelRegressor` (``get_params()``),
+    checked against their declarations (:data:`kgp.fitting.parameters.ESTIMATOR_PARAMETERS`), then
+    the rules between them. With ``solver="auto"`` or ``learn="auto"`` the recipe plugin ``"auto"``
+    (:mod:`kgp.recipes`) chooses those values from the data's ``shape``; called without a shape, the
+    parameters are checked and None is returned (the fit calls again once the data's shape is known).
+
+    The recipe's values enter in one place, :func:`_assemble`, under kgp's one precedence rule
+    (:mod:`kgp.options`): its plugin names replace ``"auto"``, its ``n_centers`` fills a None, and its
+    options are suggestions that the user's options override and that give way where they conflict.
 
     Raises
     ------
     ValueError, TypeError
         Naming the parameter and what was expected; unknown plugin names list the available ones.
     """
-    _check_scalars(params)
+    _check_parameters(params)
     auto_solver, auto_learn = params["solver"] == AUTO, params["learn"] == AUTO
-    if auto_solver and params["solver_options"]:
-        raise ValueError(
-            "solver_options: given with solver='auto'; name the solver they are for (e.g. solver='falkon'), "
-            "or leave them to the recipe"
-        )
     choice = None
     if auto_solver or auto_learn:
         if shape is None:
             return None
         choice = _recipe_choice(params, shape, auto_solver, auto_learn)
-        params = _with_choice(params, choice, auto_solver, auto_learn)
-    plan = _assemble(params)
-    return plan if choice is None else replace(plan, recipe=choice)
+    return _assemble(params, choice, auto_solver, auto_learn)
 
 
-def _check_scalars(params: Mapping[str, Any]) -> None:
-    check_positive(params["noise"], "noise")
-    if params["lengthscale"] is not None:
-        check_positive(params["lengthscale"], "lengthscale")
-    check_n_centers(params["n_centers"])
-    kernel = params["kernel"]
-    if not isinstance(params["solver"], str):
-        raise TypeError(f"solver: expected a plugin name (str) or 'auto', got {type(params['solver']).__name__}")
-    if not isinstance(kernel, (gpytorch.kernels.Kernel, str)):
-        got = type(kernel).__name__
-        raise TypeError(f"kernel: expected a gpytorch.kernels.Kernel or one of {KERNEL_SHORTCUTS}, got {got}")
-    if isinstance(kernel, str) and kernel.lower() not in KERNEL_SHORTCUTS:
-        raise ValueError(f"kernel: unknown shortcut {kernel!r}; expected one of {KERNEL_SHORTCUTS}")
-    for name in ("solver_options", "selector_options"):
-        if params[name] is not None and not isinstance(params[name], dict):
-            raise TypeError(f"{name}: expected a dict or None, got {type(params[name]).__name__}")
-    seed = params["random_state"]
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
-        raise TypeError(f"random_state: expected an int or None, got {seed!r}")
-    if params["callback"] is not None and not callable(params["callback"]):
-        raise TypeError("callback: expected a callable taking an IterationInfo")
-    given = params["learn_options"]
-    if given is not None and not isinstance(given, dict):
-        raise TypeError(f"learn_options: expected a dict or None, got {type(given).__name__}")
-    if params["learn"] is None and given:
+def _check_parameters(params: Mapping[str, Any]) -> None:
+    """Each parameter against its declaration, then the rules between parameters."""
+    check_parameters(params)
+    if params["learn"] is None and params["learn_options"]:
         raise ValueError("learn_options: given without learn; set learn='auto' (or an objective such as 'exact')")
-    if params["learn"] is not None and not isinstance(params["learn"], str):
-        raise TypeError(f"learn: expected an objective plugin name (str), 'auto' or None, got {params['learn']!r}")
-    resolve_dtype(params["dtype"])
-    check_device(params["device"])
+    if params["solver"] == AUTO and params["solver_options"]:
+        raise ValueError(
+            "solver_options: given with solver='auto'; name the solver they are for (e.g. solver='falkon'), "
+            "or leave them to the recipe"
+        )
     switches(params, learning=params["learn"] is not None)
 
 
@@ -224,40 +207,23 @@ def _recipe_choice(params: Mapping[str, Any], shape: DataShape, auto_solver: boo
     return choice
 
 
-def _with_choice(params: Mapping[str, Any], choice: RecipeChoice, auto_solver: bool, auto_learn: bool) -> dict:
-    """The parameters with the recipe's values in place of ``"auto"`` (the user's explicit values win)."""
-    out = dict(params)
+def _assemble(params: Mapping[str, Any], recipe: RecipeChoice | None, auto_solver: bool, auto_learn: bool) -> FitPlan:
+    """The plan: plugins, validated options, centers, with the recipe's values where ``"auto"`` asked."""
+    solver_name, solver_given, solver_suggested = params["solver"], params["solver_options"], None
+    n_centers = params["n_centers"]
     if auto_solver:
-        out["solver"] = choice.solver
-        out["solver_options"] = dict(choice.solver_options or {}) or None
-        if out["n_centers"] is None and choice.n_centers is not None:
-            out["n_centers"] = choice.n_centers
-    if auto_learn:
-        out["learn"] = choice.learn
-        given = dict(params["learn_options"] or {})
-        merged = {**dict(choice.learn_options or {}), **given}
-        if merged.get("optimizer", "adam") != "adam":
-            # the user's L-BFGS has one budget: the recipe's Adam-only extensions do not apply to it
-            for key in ("max_iterations", "polish_iterations"):
-                if key not in given:
-                    merged.pop(key, None)
-        if "refine_subset" not in given and "refine_subset" in merged:
-            subset = merged.get("subset")
-            if subset is None or subset >= merged["refine_subset"]:
-                # the user's subset already holds as many rows as the recipe's refine stage would add
-                merged.pop("refine_subset")
-        out["learn_options"] = merged or None
-    return out
-
-
-def _assemble(params: Mapping[str, Any]) -> FitPlan:
-    """The plan of concrete parameters (no ``"auto"`` left): plugins, validated options, centers."""
-    n_centers = check_n_centers(params["n_centers"])
+        solver_name, solver_given, solver_suggested = recipe.solver, None, recipe.solver_options
+        if n_centers is None:
+            n_centers = recipe.n_centers
+    n_centers = check_n_centers(n_centers)
     dtype = resolve_dtype(params["dtype"])
     device = check_device(params["device"])
-    solver = _choice("solver", params["solver"])
-    solver = _with_options(solver, params["solver_options"])
-    objective, learn_options = _learning(params)
+    solver = _choice("solver", solver_name)
+    solver = _with_options(solver, solver_given, solver_suggested)
+    learn, learn_suggested = params["learn"], None
+    if auto_learn:
+        learn, learn_suggested = recipe.learn, recipe.learn_options
+    objective, learn_options = _learning(learn, params["learn_options"], learn_suggested)
     resolved_switches = switches(params, learning=objective is not None)
     uses_centers = solver.capabilities.uses_centers or (objective is not None and objective.capabilities.uses_centers)
     selector, explicit = None, None
@@ -272,12 +238,8 @@ def _assemble(params: Mapping[str, Any]) -> FitPlan:
         default = None if centers else DEFAULT_SELECTOR
         choice = _choice("selector", centers or DEFAULT_SELECTOR, default, "centers=<selector name or array>")
         selector = _with_options(choice, params["selector_options"])
-    elif isinstance(centers, (Tensor, np.ndarray, list)):
+    else:  # an array, as declared (kgp.fitting.parameters)
         explicit = centers
-    else:
-        raise TypeError(
-            f"centers: expected a selector name, an (M x d) array/tensor or None, got {type(centers).__name__}"
-        )
     return FitPlan(
         solver=solver,
         selector=selector,
@@ -288,6 +250,7 @@ def _assemble(params: Mapping[str, Any]) -> FitPlan:
         noise=float(params["noise"]),
         dtype=dtype,
         device=device,
+        recipe=recipe,
         **resolved_switches,
     )
 
@@ -310,13 +273,14 @@ def switches(params: Mapping[str, Any], learning: bool) -> dict[str, bool]:
     return out
 
 
-def _learning(params: Mapping[str, Any]) -> tuple[PluginChoice | None, ResolvedLearnOptions | None]:
-    """Check ``learn`` and ``learn_options``; resolve the objective plugin."""
-    learn, given = params["learn"], params["learn_options"]
+def _learning(
+    learn: str | None, given: Mapping[str, Any] | None, suggested: Mapping[str, Any] | None
+) -> tuple[PluginChoice | None, ResolvedLearnOptions | None]:
+    """The objective plugin and ``learn_options`` resolved once (the recipe's as suggestions)."""
     if learn is None:
         return None, None
     info = registry.get("objective", learn)
-    resolved = resolve_learn_options(learn, info.obj, given)  # unknown keys and bad values fail here, once
+    resolved = resolve_learn_options(learn, info.obj, given, suggested)  # unknown keys, bad values, rules: once
     choice = PluginChoice("objective", learn, info.obj, resolved.objective, _caps(info))
     return choice, resolved
 
@@ -338,8 +302,10 @@ def _choice(kind: str, name: str, default: str | None = None, argument: str = ""
     return PluginChoice(kind, name, info.obj, ResolvedOptions(f"{kind} {name!r}", {}), _caps(info))
 
 
-def _with_options(choice: PluginChoice, given: Mapping[str, Any] | None) -> PluginChoice:
-    options = resolve_options(choice.label, choice.plugin, given)
+def _with_options(
+    choice: PluginChoice, given: Mapping[str, Any] | None, suggested: Mapping[str, Any] | None = None
+) -> PluginChoice:
+    options = resolve_options(choice.label, choice.plugin, given, suggested)
     return PluginChoice(choice.kind, choice.name, choice.plugin, options, choice.capabilities)
 
 
@@ -349,16 +315,3 @@ def _caps(info: Any) -> Capabilities:
     if not isinstance(caps, Capabilities):
         raise TypeError(f"{info.kind} {info.name!r}: capabilities must be a kgp.Capabilities")
     return caps
-
-
-def check_device(device: Any) -> torch.device | None:
-    """``device`` as a torch.device; a ValueError naming it if torch does not know it or it is absent here."""
-    if device is None:
-        return None
-    try:
-        resolved = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"device: expected a torch device such as 'cpu' or 'cuda:0', got {device!r} ({exc})") from None
-    if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device: {device!r} requested, but CUDA is not available to this torch ({torch.__version__})")
-    return resolved

@@ -1,20 +1,31 @@
 """The learning loop's own options (``learn_options`` next to the objective's) and their validation.
 
-The loop's options are declared once in :data:`LEARN_OPTIONS`; an objective may change their defaults
-through ``Capabilities(loop_defaults=...)`` and declares its own in ``option_defaults``. Both are
-validated here, once per fit, before any data work.
+The loop's options are declared once in :data:`LEARN_OPTIONS`, the rules between them in
+:data:`LEARN_RULES`; an objective may change their defaults through ``Capabilities(loop_defaults=...)``
+and declares its own in ``option_defaults``. All are resolved by :func:`kgp.options.resolve_options`,
+the function every plugin's options go through, once per fit, before any data work; a recipe's values
+enter there as suggestions, under the same precedence rule.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 import gpytorch
 
-from ..options import Option, ResolvedOptions, merge_options
+from ..options import Option, Requires, ResolvedOptions, merge_options, resolve_options
 
-__all__ = ["LEARN_OPTIONS", "loop_declarations", "split_learn_options"]
+__all__ = [
+    "LEARN_OPTIONS",
+    "LEARN_RULES",
+    "LearnDeclarations",
+    "ResolvedLearnOptions",
+    "loop_declarations",
+    "resolve_learn_options",
+    "split_learn_options",
+]
 
 
 def _prior_or_none(value: Any) -> gpytorch.priors.Prior | None:
@@ -95,6 +106,53 @@ LEARN_OPTIONS: dict[str, Option] = {
 """Options of the loop itself, accepted in ``learn_options`` next to the objective's own options."""
 
 
+def _adam_only(key: str) -> Requires:
+    # they extend or follow Adam's steps; L-BFGS has one budget ('iterations')
+    return Requires(
+        key,
+        lambda o: o["optimizer"] == "adam",
+        lambda owner, o: (
+            f"{owner}: learn_options[{key!r}] applies to optimizer='adam', but optimizer is "
+            f"{o['optimizer']!r}; drop {key!r} or raise 'iterations' (L-BFGS's budget of evaluations)"
+        ),
+    )
+
+
+LEARN_RULES: tuple[Requires, ...] = (
+    # a prior on a fixed noise moves nothing but the reported value: most likely a forgotten switch
+    Requires(
+        "noise_prior",
+        lambda o: o["learn_noise"],
+        lambda owner, o: (
+            f"{owner}: learn_options['noise_prior'] is a prior on the learned noise, but "
+            "learn_options['learn_noise'] is False (the noise is kept fixed); drop noise_prior or set learn_noise=True"
+        ),
+    ),
+    _adam_only("max_iterations"),
+    _adam_only("polish_iterations"),
+    Requires(
+        "refine_subset",
+        lambda o: "subset" in o,
+        lambda owner, o: (
+            f"{owner}: learn_options['refine_subset'] refines on a larger random subset of rows, but "
+            "the objective has no 'subset' option; use learn='exact' or drop refine_subset"
+        ),
+    ),
+    Requires(
+        "refine_subset",
+        lambda o: o["subset"] is not None and o["refine_subset"] > o["subset"],
+        lambda owner, o: (
+            f"{owner}: learn_options['refine_subset']={o['refine_subset']} must exceed "
+            f"learn_options['subset'] (got {o['subset']!r}: None means all rows already); "
+            "raise refine_subset or drop it"
+        ),
+    ),
+)
+"""The rules between the loop's options (and the objective's ``subset``), applied by
+:func:`kgp.options.resolve_options` with its precedence rule: a value the user gave raises when its rule
+fails; one the user did not give (a recipe's, an objective's ``loop_defaults``) is switched off."""
+
+
 @dataclass(frozen=True)
 class ResolvedLearnOptions:
     """``learn_options`` validated once (by the fit plan): the loop's options and the objective's.
@@ -107,60 +165,75 @@ class ResolvedLearnOptions:
     objective: ResolvedOptions
 
 
-def resolve_learn_options(name: str, objective: Any, given: dict[str, Any] | None) -> ResolvedLearnOptions:
-    """:func:`split_learn_options` as one :class:`ResolvedLearnOptions`."""
-    loop, own = split_learn_options(name, objective, given)
-    return ResolvedLearnOptions(loop, own)
+class LearnDeclarations:
+    """What :func:`kgp.options.resolve_options` reads for ``learn_options``: one plugin-like declaration.
+
+    ``option_defaults`` holds the loop's options (:data:`LEARN_OPTIONS` with the objective's
+    ``loop_defaults``) and the objective's own; ``option_rules`` is :data:`LEARN_RULES`; an objective's
+    optional ``check_options`` runs on its own options.
+
+    Raises
+    ------
+    TypeError
+        The objective declares an option the loop owns, or ``loop_defaults`` the loop does not have.
+    """
+
+    option_rules = LEARN_RULES
+
+    def __init__(self, name: str, objective: Any) -> None:
+        own = dict(getattr(objective, "option_defaults", {}) or {})
+        clash = sorted(set(own) & set(LEARN_OPTIONS))
+        if clash:
+            raise TypeError(f"objective {name!r} declares options {clash} that the learning loop owns; rename them")
+        self.option_defaults = {**loop_declarations(name, objective), **own}
+        self._objective = objective
+
+    def check_options(self, options: dict[str, Any]) -> dict[str, Any]:
+        check = getattr(self._objective, "check_options", None)
+        if check is None:
+            return options
+        own = check({k: v for k, v in options.items() if k not in LEARN_OPTIONS})
+        if not isinstance(own, dict):
+            return own  # resolve_options names the wrong return type
+        return {**{k: options[k] for k in LEARN_OPTIONS}, **own}
 
 
-def split_learn_options(name: str, objective: Any, given: dict[str, Any] | None) -> tuple[dict, dict]:
-    """Validate ``learn_options`` against the loop's and the objective's declarations.
+def resolve_learn_options(
+    name: str, objective: Any, given: Mapping[str, Any] | None, suggested: Mapping[str, Any] | None = None
+) -> ResolvedLearnOptions:
+    """Validate ``learn_options`` against the loop's and the objective's declarations, once.
 
-    Returns
-    -------
-    (loop options, objective options), each merged with its defaults.
+    The one resolution of :func:`kgp.options.resolve_options` (owner ``learn 'NAME'``), then split
+    into the loop's options and the objective's.
+
+    Parameters
+    ----------
+    name, objective:
+        The objective plugin's name and object.
+    given:
+        The user's ``learn_options``.
+    suggested:
+        The recipe's ``learn_options`` (``learn="auto"``), or None: the user's values win, and a
+        suggestion gives way where it conflicts with them (:data:`LEARN_RULES`).
 
     Raises
     ------
     InvalidOptionError
         An invalid value, named as ``learn 'NAME' option 'KEY': expected ..., got ...``.
     ValueError
-        An unknown key (the message lists the valid ones).
+        An unknown key (the message lists the valid ones), or a rule between the user's values.
     """
-    own = dict(getattr(objective, "option_defaults", {}) or {})
-    clash = sorted(set(own) & set(LEARN_OPTIONS))
-    if clash:
-        raise TypeError(f"objective {name!r} declares options {clash} that the learning loop owns; rename them")
-    merged = merge_options(f"learn {name!r}", {**loop_declarations(name, objective), **own}, given)
+    merged = resolve_options(f"learn {name!r}", LearnDeclarations(name, objective), given, suggested)
     loop = {k: merged[k] for k in LEARN_OPTIONS}
-    if loop["noise_prior"] is not None and not loop["learn_noise"]:
-        # a prior on a fixed noise moves nothing but the reported value: most likely a forgotten switch
-        raise ValueError(
-            f"learn {name!r}: learn_options['noise_prior'] is a prior on the learned noise, but "
-            "learn_options['learn_noise'] is False (the noise is kept fixed); drop noise_prior or set learn_noise=True"
-        )
-    for key in ("max_iterations", "polish_iterations"):
-        if loop[key] is not None and loop["optimizer"] != "adam":
-            # they extend or follow Adam's steps; L-BFGS has one budget ('iterations')
-            raise ValueError(
-                f"learn {name!r}: learn_options[{key!r}] applies to optimizer='adam', but optimizer is "
-                f"{loop['optimizer']!r}; drop {key!r} or raise 'iterations' (L-BFGS's budget of evaluations)"
-            )
-    refine = loop["refine_subset"]
-    if refine is not None:
-        if "subset" not in own:
-            raise ValueError(
-                f"learn {name!r}: learn_options['refine_subset'] refines on a larger random subset of rows, but "
-                f"objective {name!r} has no 'subset' option; use learn='exact' or drop refine_subset"
-            )
-        if merged["subset"] is None or refine <= merged["subset"]:
-            raise ValueError(
-                f"learn {name!r}: learn_options['refine_subset']={refine} must exceed learn_options['subset'] "
-                f"(got {merged['subset']!r}: None means all rows already); raise refine_subset or drop it"
-            )
     own_values = {k: v for k, v in merged.items() if k not in LEARN_OPTIONS}
     # the objective reads them as they are (validated here, once)
-    return loop, ResolvedOptions(f"objective {name!r}", own_values)
+    return ResolvedLearnOptions(loop, ResolvedOptions(f"objective {name!r}", own_values))
+
+
+def split_learn_options(name: str, objective: Any, given: Mapping[str, Any] | None) -> tuple[dict, ResolvedOptions]:
+    """:func:`resolve_learn_options` as ``(loop options, objective options)``, each merged with its defaults."""
+    resolved = resolve_learn_options(name, objective, given)
+    return resolved.loop, resolved.objective
 
 
 def loop_declarations(name: str, objective: Any) -> dict[str, Option]:

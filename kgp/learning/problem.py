@@ -1,8 +1,8 @@
-"""What an objective plugin receives: :class:`LearningProblem`."""
+"""What an objective plugin receives (:class:`LearningProblem`) and returns (:class:`ObjectiveLoss`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,7 +13,7 @@ from torch import Tensor
 from ..operators import KernelOperator, kernel_operator
 from ..problem_data import Centers, RowData
 
-__all__ = ["LearningProblem"]
+__all__ = ["LearningProblem", "ObjectiveLoss"]
 
 
 @dataclass
@@ -57,3 +57,47 @@ class LearningProblem(RowData):
     def kernel_operator(self, x1: Tensor, x2: Tensor | None = None) -> KernelOperator:
         """Lazy ``K(x1, x2)`` with the kernel's current hyperparameters (differentiable under autograd)."""
         return kernel_operator(self.kernel, x1, x2)
+
+
+@dataclass
+class ObjectiveLoss:
+    """What an objective's ``prepare(problem)`` returns: the loss and, for a likelihood, its count of terms.
+
+    Attributes
+    ----------
+    loss:
+        ``loss(noise, mean) -> Tensor``: the differentiable 0-d value to minimise, per data point (see the
+        ``register_objectives`` hook).
+    terms:
+        For an objective declaring ``Capabilities(likelihood=True)``: the number of (row, output) terms
+        the value averages, so that ``-value * terms`` is the log marginal likelihood of the rows used
+        (the model's ``log_marginal_likelihood_value_``); None otherwise.
+
+    An ``ObjectiveLoss`` is itself callable as ``loss(noise, mean)``. A third-party objective may still
+    return a bare function instead, with an optional ``terms`` attribute set on it:
+    :meth:`from_prepared` reads both forms.
+    """
+
+    loss: Callable[[Tensor, Tensor], Tensor]
+    terms: int | None = None
+
+    def __call__(self, noise: Tensor, mean: Tensor) -> Tensor:
+        return self.loss(noise, mean)
+
+    @classmethod
+    def from_prepared(cls, prepared: Any, objective: str = "objective") -> ObjectiveLoss:
+        """``prepared`` as an :class:`ObjectiveLoss`: itself, or a bare callable and its ``terms`` attribute.
+
+        Raises
+        ------
+        TypeError
+            ``prepared`` is neither (naming ``objective``, e.g. ``"objective 'exact'"``).
+        """
+        if isinstance(prepared, cls):
+            return prepared
+        if not callable(prepared):
+            raise TypeError(
+                f"{objective}: prepare(problem) must return a kgp.learning.ObjectiveLoss or a callable "
+                f"loss(noise, mean), got {type(prepared).__name__}"
+            )
+        return cls(prepared, getattr(prepared, "terms", None))

@@ -13,14 +13,13 @@ drawn once per learning run, without replacement, from ``problem.generator``).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
 import kgp
 from kgp import settings
-from kgp.learning import LearningProblem
+from kgp.learning import LearningProblem, ObjectiveLoss
 from kgp.safeguards import InsufficientMemoryError, check_memory
 
 from .gaussian_nll import gaussian_nll
@@ -42,7 +41,7 @@ class ExactObjective:
     # gathers (it never holds all n rows)
     capabilities = kgp.Capabilities(likelihood=True, distributed=True)
 
-    def prepare(self, problem: LearningProblem) -> Callable[[Tensor, Tensor], Tensor]:
+    def prepare(self, problem: LearningProblem) -> ObjectiveLoss:
         options = problem.options  # resolved once by the model (kgp.options.resolve_options)
         n, subset = problem.n, options["subset"]
         if problem.shard is not None and subset is None:
@@ -85,8 +84,7 @@ class ExactObjective:
             return nll / count
 
         # the value is averaged over these terms: -value * terms is the log marginal likelihood
-        loss.terms = count
-        return loss
+        return ObjectiveLoss(loss, terms=count)
 
 
 # S x S float64 arrays an evaluation holds at once: K, its Cholesky factor, C^{-1} and the gradient's terms

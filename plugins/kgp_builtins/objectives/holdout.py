@@ -34,13 +34,12 @@ Cost per evaluation: O(|T| M^2 + M^3) for the Gram products and O(|V| M^2) for t
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
 import kgp
-from kgp.learning import LearningProblem
+from kgp.learning import LearningProblem, ObjectiveLoss
 from kgp.linalg import psd_cholesky
 
 from .gram import distinct_centers, gram_products
@@ -91,7 +90,7 @@ class HoldoutObjective:
         uses_centers=True, loop_defaults={"optimizer": "lbfgs", "iterations": 50, "learn_mean": False}
     )
 
-    def prepare(self, problem: LearningProblem) -> Callable[[Tensor, Tensor], Tensor]:
+    def prepare(self, problem: LearningProblem) -> ObjectiveLoss:
         options = problem.options  # resolved once by the model (kgp.options.resolve_options)
         if problem.centers is None:
             raise ValueError("objective 'holdout' needs centers (the Nystrom predictor's)")
@@ -168,7 +167,7 @@ class HoldoutObjective:
             var = var.unsqueeze(-1)
             return (0.5 * torch.log(2 * math.pi * var) + err.square() / (2 * var)).mean() + penalty
 
-        return loss
+        return ObjectiveLoss(loss)  # a score, not a likelihood: no terms
 
 
 def _gls_mean(problem: LearningProblem, X: Tensor, Y: Tensor, noise: Tensor) -> Tensor:

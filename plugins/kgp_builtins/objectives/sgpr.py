@@ -28,14 +28,13 @@ Option ``batch_rows`` (for n beyond ~1e6): each evaluation draws that many rows 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
 import kgp
 from kgp.distributed import differentiable_sum
-from kgp.learning import LearningProblem
+from kgp.learning import LearningProblem, ObjectiveLoss
 from kgp.linalg import psd_cholesky
 
 from .gram import distinct_centers, gram_products
@@ -61,7 +60,7 @@ class SGPRObjective:
     # are summed over the ranks (differentiable_sum)
     capabilities = kgp.Capabilities(uses_centers=True, distributed=True, likelihood=True)
 
-    def prepare(self, problem: LearningProblem) -> Callable[[Tensor, Tensor], Tensor]:
+    def prepare(self, problem: LearningProblem) -> ObjectiveLoss:
         options = problem.options  # resolved once by the model (kgp.options.resolve_options)
         X_all, Y_all = problem.X, problem.y
         if problem.centers is None:
@@ -117,5 +116,4 @@ class SGPRObjective:
             return nll / (n * k)
 
         # -value * terms is the collapsed bound on the log marginal likelihood (Titsias 2009, eq. 9)
-        loss.terms = n * k
-        return loss
+        return ObjectiveLoss(loss, terms=n * k)
