@@ -18,7 +18,9 @@ Per (n, d), in one process:
   recipe's ``n_centers``);
 - SVGP: GPyTorch ``ApproximateGP`` with a whitened variational strategy, 1,000 inducing points (random
   training rows, learned), ``ScaleKernel(RBF, ARD)``, ``ConstantMean``, Gaussian likelihood, minibatches of
-  1,024, Adam (lr 0.01), float32, trained for as long as kgp's fit took (``--svgp-seconds`` overrides).
+  1,024, Adam (lr 0.01), float32, trained for as long as kgp's fit took (``--svgp-seconds`` overrides). On a
+  host that other work keeps busy, ``--svgp-clock cpu`` gives it kgp's CPU seconds instead of its wall
+  seconds, ``--svgp-checkpoints`` scores it at several budgets in one run, and ``--no-kgp`` runs it alone.
 
 Columns: fit seconds, test RMSE, excess RMSE, NLPD of y (noise included), 95% interval coverage, peak RSS
 of the phase (the high-water mark is reset through ``/proc/self/clear_refs`` before each phase where Linux
