@@ -62,7 +62,7 @@ def main() -> None:
             k = kgp.kernels.make_kernel(family, float(d) ** 0.5).to(device, torch.float32).requires_grad_(False)
             with torch.no_grad():
                 op = kgp.kernel_operator(k, X, Z)
-                rows_t, cols_t = fused_gpu._prepared(op)
+                rows_t, cols_t = fused_gpu._prepared(op.workspace)
             low, high = fused_gpu._bounds(family, torch.float32)
             dims = fused_gpu._dims(rows_t.shape[0], "dot")
             code = fused_gpu._FAMILIES[family]

@@ -77,7 +77,7 @@ def test_native_entries_are_the_oracle_to_the_exponent_rounding(dtype, family):
     kernel = _kernel(family, 1.0, dtype)
     op = kgp.kernel_operator(kernel, X, Z)
     with settings.kernel_cache("never"), settings.fused_kernels("always"):
-        assert fused_cpu.use_native(op, 1, v)
+        assert fused_cpu.use_native(op.workspace, 1, v)
         row = op.fused_matmul(v)[:, 0].double()
     # the lengthscale as the kernel holds it (GPyTorch's softplus of a raw value: not exactly 1.0)
     lengthscale = float(kernel.lengthscale)
@@ -124,7 +124,7 @@ def test_native_pass_is_as_close_to_the_oracle_as_the_blocked_pass(dtype, k, wit
     for mode in ("never", "always"):
         op = kgp.kernel_operator(kernel, X, Z)
         with settings.kernel_cache("never"), settings.fused_kernels(mode):
-            assert fused_cpu.use_native(op, k, v, w) == (mode == "always")
+            assert fused_cpu.use_native(op.workspace, k, v, w) == (mode == "always")
             results[mode] = op.fused_matmul(v, w, accumulate=accumulate)
     assert results["always"].dtype == (accumulate or dtype)
     _assert_no_further_from(expected, results["always"], results["never"], dtype)
@@ -225,26 +225,27 @@ def test_native_pass_runs_only_where_it_applies():
     v = torch.randn(40, 1, generator=g)
     rbf = _rbf(1.0, torch.float32)
     with settings.kernel_cache("never"):
-        assert fused_cpu.native_applies(kgp.kernel_operator(rbf, X, Z), 1, v)
+        assert fused_cpu.native_applies(kgp.kernel_operator(rbf, X, Z).workspace, 1, v)
         with settings.fused_kernels("never"):
-            assert not fused_cpu.native_applies(kgp.kernel_operator(rbf, X, Z), 1, v)
+            assert not fused_cpu.native_applies(kgp.kernel_operator(rbf, X, Z).workspace, 1, v)
         # K(X, X): the blocked pass sets the diagonal to exactly 1
-        assert not fused_cpu.native_applies(kgp.kernel_operator(rbf, X, X.clone()), 1, v)
+        assert not fused_cpu.native_applies(kgp.kernel_operator(rbf, X, X.clone()).workspace, 1, v)
         # Matern 1/2: its near-zero recomputation is the blocked pass's
         laplacian = gpytorch.kernels.MaternKernel(nu=0.5).requires_grad_(False)
-        assert not fused_cpu.native_applies(kgp.kernel_operator(laplacian, X, Z), 1, v)
+        assert not fused_cpu.native_applies(kgp.kernel_operator(laplacian, X, Z).workspace, 1, v)
         # float64 distances for a float32 operator (FALKON's switch) are the blocked pass's
-        assert not fused_cpu.native_applies(kgp.kernel_operator(rbf, X, Z, distance_dtype=torch.float64), 1, v)
+        wide = kgp.kernel_operator(rbf, X, Z, distance_dtype=torch.float64)
+        assert not fused_cpu.native_applies(wide.workspace, 1, v)
         tracked = v.clone().requires_grad_(True)
-        assert not fused_cpu.native_applies(kgp.kernel_operator(rbf, X, Z), 1, tracked)
+        assert not fused_cpu.native_applies(kgp.kernel_operator(rbf, X, Z).workspace, 1, tracked)
     # with kernel_cache="auto" the second product stores K as the native pass forms it (it fits the budget),
     # and the stored pass reads it from then on
     op = kgp.kernel_operator(rbf, X, Z)
     with settings.kernel_cache("auto"):
-        assert fused_cpu.use_native(op, 1, v) and "storing" not in op._cache
+        assert fused_cpu.use_native(op.workspace, 1, v) and "storing" not in op._cache
         op.fused_matmul(v)  # the operator's first use is the line above; this is its second
         assert op._cache.get("stored") is not None and "storing" not in op._cache
-        assert fused_cpu.use_stored(op, 1, v) and not fused_cpu.native_applies(op, 1, v)
+        assert fused_cpu.use_stored(op.workspace, 1, v) and not fused_cpu.native_applies(op.workspace, 1, v)
 
 
 def test_without_a_compiler_auto_falls_back_silently_and_always_warns(monkeypatch, tmp_path):
@@ -297,7 +298,7 @@ def test_an_operator_without_rows_gives_zeros():
     op = kgp.kernel_operator(_rbf(1.0, torch.float32), torch.empty(0, 4), Z)
     v = torch.ones(33, 2)
     with settings.kernel_cache("never"):
-        assert fused_cpu.use_native(op, 2, v)
+        assert fused_cpu.use_native(op.workspace, 2, v)
         out = op.fused_matmul(v, accumulate=torch.float64)
     assert out.shape == (33, 2) and out.dtype == torch.float64 and not bool(out.any())
 
@@ -347,7 +348,7 @@ def test_the_stored_pass_is_the_native_pass_on_the_entries_it_stored(dtype, accu
         second = op.fused_matmul(v, w, accumulate=accumulate)
         stored = op._cache.get("stored")
         assert stored is not None and stored.shape == (n, m) and stored.dtype == dtype
-        assert fused_cpu.use_stored(op, k, v, w)
+        assert fused_cpu.use_stored(op.workspace, k, v, w)
         third = op.fused_matmul(v, w, accumulate=accumulate)
     assert torch.equal(first, second) and torch.equal(first, third)
     # the entries within the augmented GEMM's rounding of the oracle (as in the first test of this module)
@@ -377,11 +378,11 @@ def test_the_stored_pass_is_as_close_to_the_oracle_as_the_blocked_pass(dtype, ac
         op.fused_matmul(v, w, accumulate=accumulate)
         op.fused_matmul(v, w, accumulate=accumulate)
         K = op._cache["stored"].double()
-        assert fused_cpu.use_stored(op, k, v, w)
+        assert fused_cpu.use_stored(op.workspace, k, v, w)
         native = op.fused_matmul(v, w, accumulate=accumulate)
         rhs = op.transpose_matmul(w, accumulate=accumulate)
         with settings.fused_kernels("never"):
-            assert not fused_cpu.use_stored(op, k, v, w)
+            assert not fused_cpu.use_stored(op.workspace, k, v, w)
             blocked = op.fused_matmul(v, w, accumulate=accumulate)
             blocked_rhs = op.transpose_matmul(w, accumulate=accumulate)
     expected = K.T @ (K @ v.double() + w.double())
@@ -403,9 +404,9 @@ def test_the_stored_pass_steps_aside_where_it_does_not_apply():
         op.fused_matmul(wide[:, :1])
         op.fused_matmul(wide[:, :1])
         assert op._cache.get("stored") is not None
-        assert not fused_cpu.use_stored(op, wide.shape[1], wide)
+        assert not fused_cpu.use_stored(op.workspace, wide.shape[1], wide)
         tracked = wide[:, :1].clone().requires_grad_(True)
-        assert not fused_cpu.use_stored(op, 1, tracked)
+        assert not fused_cpu.use_stored(op.workspace, 1, tracked)
         out_wide = op.fused_matmul(wide)
         out_tracked = op.fused_matmul(tracked)
         out_tracked.sum().backward()
@@ -427,7 +428,7 @@ def test_an_operator_without_rows_reads_its_empty_stored_k(accumulate):
         for _ in range(3):
             out = op.fused_matmul(v, accumulate=accumulate)
             rhs = op.transpose_matmul(torch.empty(0, 2), accumulate=accumulate)
-        assert op._cache.get("stored") is not None and fused_cpu.use_stored(op, 2, v)
+        assert op._cache.get("stored") is not None and fused_cpu.use_stored(op.workspace, 2, v)
     for t in (out, rhs):
         assert t.shape == (33, 2) and t.dtype == (accumulate or torch.float32) and not bool(t.any())
 
@@ -473,7 +474,7 @@ def test_a_head_of_k_is_stored_where_the_whole_k_does_not_fit(family, dtype, acc
         assert not {"stored", "stored_head"} & set(op._cache)
         second = op.fused_matmul(v, w, accumulate=accumulate)
         head = op._cache.get("stored_head")
-        assert head is not None and "stored" not in op._cache and not fused_cpu.use_stored(op, k, v, w)
+        assert head is not None and "stored" not in op._cache and not fused_cpu.use_stored(op.workspace, k, v, w)
         rows = head.shape[0]
         assert rows == (budget // (m * itemsize) - spare) // fused_cpu.TILE * fused_cpu.TILE and 0 < rows < n
         third = op.fused_matmul(v, w, accumulate=accumulate)
@@ -519,7 +520,7 @@ def test_native_k_v_alone_is_as_close_to_the_oracle_as_the_blocked_pass(family, 
     for mode in ("never", "always"):
         op = kgp.kernel_operator(kernel, X, Z)
         with settings.kernel_cache("never"), settings.fused_kernels(mode):
-            assert fused_cpu.use_native(op, k, v) == (mode == "always")
+            assert fused_cpu.use_native(op.workspace, k, v) == (mode == "always")
             results[mode] = op @ v
     assert results["always"].shape == (1003, k) and results["always"].dtype == dtype
     _assert_no_further_from(expected, results["always"], results["never"], dtype)
@@ -537,7 +538,7 @@ def test_a_row_whose_norm_overflows_gives_the_blocked_result(family):
     with settings.kernel_cache("never"):
         with settings.fused_kernels("never"):
             blocked_kv, blocked_pass = op @ v, op.fused_matmul(v)
-        assert fused_cpu.use_native(op, 2, v)
+        assert fused_cpu.use_native(op.workspace, 2, v)
         native_kv, native_pass = op @ v, op.fused_matmul(v)
     assert bool(torch.isfinite(native_kv).all()) and bool(torch.isfinite(native_pass).all())
     torch.testing.assert_close(native_kv[-1], blocked_kv[-1])

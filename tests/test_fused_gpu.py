@@ -62,7 +62,7 @@ def test_fused_kernels_never_run_on_the_cpu():
     op = kgp.kernel_operator(kernel("rbf", 3, F32), X.float(), Z.float())
     for mode in ("auto", "always"):
         with kgp.settings.fused_kernels(mode):
-            assert not fused_applies(op, 1)
+            assert not fused_applies(op.workspace, 1)
 
 
 def test_fused_kernels_setting_validates_its_value_and_defaults_to_auto():
@@ -83,14 +83,14 @@ def test_fused_kernels_apply_only_where_they_were_measured_faster(monkeypatch):
 
     def applies(op, k=1, **settings):
         with kgp.settings.fused_kernels("auto"), kgp.settings.memory_budget(settings.get("budget", 2**31)):
-            return fused_applies(op, k)
+            return fused_applies(op.workspace, k)
 
     assert applies(kgp.kernel_operator(kernel("rbf", 3, F32), X32, Z32))
     assert applies(kgp.kernel_operator(kernel("matern32", 3, F32), X32, Z32))
     assert applies(kgp.kernel_operator(kernel("matern52", 3, F32), X32, Z32))
     op = kgp.kernel_operator(kernel("rbf", 3, F32), X32, Z32)
     with kgp.settings.fused_kernels("never"):
-        assert not fused_applies(op, 1)  # the default
+        assert not fused_applies(op.workspace, 1)  # the default
     assert not applies(op, k=2)  # several columns: the blocked pass's GEMMs
     # the tensor-core form runs fixed tile shapes: no tuner, so no 1 GiB floor on the budget
     assert fused_gpu._form(X32.device) == "dot"
@@ -113,10 +113,10 @@ def test_fused_kernels_apply_only_where_they_were_measured_faster(monkeypatch):
     assert not applies(kgp.kernel_operator(m12, X32, Z32))  # needs the blocked small-distance correction
     v = torch.ones(12, 1, requires_grad=True)
     with kgp.settings.fused_kernels("auto"), kgp.settings.memory_budget(2**31):
-        assert fused_applies(op, 1, v.detach())
-        assert not fused_applies(op, 1, v)  # a right-hand side that records a gradient: the blocked path
+        assert fused_applies(op.workspace, 1, v.detach())
+        assert not fused_applies(op.workspace, 1, v)  # a right-hand side that records a gradient: the blocked path
         with torch.no_grad():
-            assert fused_applies(op, 1, v)
+            assert fused_applies(op.workspace, 1, v)
     with kgp.settings.kernel_cache("auto"):
         stored = kgp.kernel_operator(kernel("rbf", 3, F32), X32, Z32)
         with kgp.settings.fused_kernels("never"):
@@ -136,10 +136,10 @@ def test_fused_kernels_without_triton_fall_back_and_warn_only_when_asked_for(mon
     try:
         with kgp.settings.fused_kernels("always"), kgp.settings.memory_budget(2**31):
             with pytest.warns(RuntimeWarning, match="Triton is not usable"):
-                assert not fused_applies(op, 1)
+                assert not fused_applies(op.workspace, 1)
         with kgp.settings.fused_kernels("auto"), kgp.settings.memory_budget(2**31), warnings.catch_warnings():
             warnings.simplefilter("error")  # the default: the blocked pass, without a word
-            assert not fused_applies(op, 1)
+            assert not fused_applies(op.workspace, 1)
     finally:
         fused_gpu._kernels.cache_clear()
         fused_gpu._triton_error.cache_clear()
@@ -154,9 +154,9 @@ def test_auto_leaves_cards_without_tensor_cores_to_the_blocked_pass(monkeypatch)
     assert fused_gpu._form(X.device) == "fma"
     with kgp.settings.memory_budget(2**31):
         with kgp.settings.fused_kernels("auto"):
-            assert not fused_applies(op, 1)
+            assert not fused_applies(op.workspace, 1)
         with kgp.settings.fused_kernels("always"):  # the tuned FMA loop, where a user asks for it
-            assert fused_applies(op, 1)
+            assert fused_applies(op.workspace, 1)
 
 
 @pytest.mark.parametrize("tensor_cores", [True, False])
@@ -169,7 +169,7 @@ def test_only_the_fma_loop_leaves_k_to_be_stored(monkeypatch, tensor_cores):
     X, Z, _, _ = problem(60, 12, 3)
     with kgp.settings.kernel_cache("auto"), kgp.settings.memory_budget(2**31), torch.no_grad():
         op = kgp.kernel_operator(kernel("rbf", 3, F32), X.float(), Z.float())
-        uses = [fused_gpu.use_fused(op, 1) for _ in range(3)]
+        uses = [fused_gpu.use_fused(op.workspace, 1) for _ in range(3)]
     if tensor_cores:
         assert uses == [True, True, True] and op._cache.get("stored") is None
     else:
@@ -199,7 +199,7 @@ def test_fused_products_on_cuda_match_the_dense_oracle(family, d, form, monkeypa
     Xd, Zd, vd, wd = (t.to("cuda", F32) for t in (X, Z, v, w))
     with torch.no_grad(), kgp.settings.fused_kernels("auto"), kgp.settings.memory_budget(2**32):
         op = kgp.kernel_operator(k, Xd, Zd)
-        assert fused_applies(op, 1)
+        assert fused_applies(op.workspace, 1)
         got = {"Kv": op @ vd, "KTw": op.mT @ wd, "fused": op.fused_matmul(vd, wd)}
         wide = op.fused_matmul(vd, wd, accumulate=F64)
         with kgp.settings.fused_kernels("never"):
@@ -304,7 +304,7 @@ def test_fused_kernels_under_the_triton_interpreter_match_the_blocked_pass():
             X, Z, v, w = (t.to(dtype) for t in (X, Z, v, w))
             with torch.no_grad():
                 op = kgp.kernel_operator(k, X, Z)
-                assert fused_applies(op, 1)
+                assert fused_applies(op.workspace, 1)
                 fused = op.fused_matmul(v, w)
                 with kgp.settings.fused_kernels("never"):
                     blocked = kgp.kernel_operator(k, X, Z).fused_matmul(v, w)

@@ -56,6 +56,7 @@ from torch import Tensor
 from .. import settings
 from ..kernels.formulas import EXP_FLOOR, LOG2E
 from ..linalg.native_build import build_library, run_parallel
+from .workspace import BlockWorkspace
 
 __all__ = [
     "native_applies",
@@ -134,18 +135,18 @@ def native_error() -> str | None:
     return None if _library() is not None else (_error[-1] if _error else "unknown")
 
 
-def native_applies(op, k: int, *rhs: Tensor) -> bool:
-    """Whether ``op``'s fused product (``k`` columns, right-hand sides ``rhs``) can run natively (module
+def native_applies(work: BlockWorkspace, k: int, *rhs: Tensor) -> bool:
+    """Whether ``work``'s fused product (``k`` columns, right-hand sides ``rhs``) can run natively (module
     docstring); a stored ``K`` is only seen once it exists, :func:`use_native` is what the products call."""
     mode = settings.fused_kernels.value()
-    x1 = op.x1
-    if mode == "never" or op.formula.family not in _FAMILIES or x1.device.type != "cpu" or not 1 <= k <= MAX_COLUMNS:
+    x1 = work.x1
+    if mode == "never" or work.formula.family not in _FAMILIES or x1.device.type != "cpu" or not 1 <= k <= MAX_COLUMNS:
         return False
-    if x1.dtype not in _DTYPES or op.distance_dtype is not None or op._needs_grad():
+    if x1.dtype not in _DTYPES or work.distance_dtype is not None or work.needs_grad():
         return False
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in rhs):
         return False
-    n, m = op.shape_nm
+    n, m = work.shape_nm
     if 2 * n * (x1.shape[1] + 2) * x1.element_size() > settings.memory_budget.value(x1.device):
         return False  # the augmented rows, kept whole
     if _library() is None:
@@ -157,41 +158,41 @@ def native_applies(op, k: int, *rhs: Tensor) -> bool:
                 stacklevel=3,
             )
         return False
-    op._check_cache()
-    return not op._same_inputs() and op._cache.get("stored") is None
+    work.check_cache()
+    return not work.same_inputs() and work.cache.get("stored") is None
 
 
-def use_native(op, k: int, *rhs: Tensor) -> bool:
+def use_native(work: BlockWorkspace, k: int, *rhs: Tensor) -> bool:
     """:func:`native_applies`, counted as one use of the operator towards storing ``K``: where ``K`` is due
-    to be stored at this use (``kernel_cache="auto"``, :meth:`~kgp.operators.workspace.BlockWorkspace._rows_due`),
+    to be stored at this use (``kernel_cache="auto"``, :meth:`~kgp.operators.workspace.BlockWorkspace.rows_due`),
     the native pass that follows writes it as it forms it, and :func:`use_stored` takes over from then on.
     Where only a head of ``K``'s rows fits the memory budget, the pass stores that head and from then on
     reads it (the stored pass's loop) and forms the remaining rows."""
-    if not native_applies(op, k, *rhs):
+    if not native_applies(work, k, *rhs):
         return False
-    if "stored_head" in op._cache or "storing" in op._cache:
+    if "stored_head" in work.cache or "storing" in work.cache:
         return True
-    rows = op._rows_due()
+    rows = work.rows_due()
     if rows:
-        n, m = op.shape_nm
+        n, m = work.shape_nm
         if rows < n:
             rows = rows // TILE * TILE
         if rows:
-            op._cache["storing"] = torch.empty(rows, m, dtype=op.x1.dtype, device=op.x1.device)
+            work.cache["storing"] = torch.empty(rows, m, dtype=work.x1.dtype, device=work.x1.device)
     return True
 
 
-def use_stored(op, k: int, *rhs: Tensor) -> bool:
-    """Whether a product with ``k`` columns reads ``op``'s stored ``K`` with :func:`stored_pass`: a stored
+def use_stored(work: BlockWorkspace, k: int, *rhs: Tensor) -> bool:
+    """Whether a product with ``k`` columns reads ``work``'s stored ``K`` with :func:`stored_pass`: a stored
     float32 or float64 ``K`` on the CPU, at most :data:`MAX_COLUMNS` columns, no autograd, and the native
     library built (``kgp.settings.fused_kernels`` not ``"never"``)."""
     if settings.fused_kernels.value() == "never" or not 1 <= k <= MAX_COLUMNS:
         return False
-    op._check_cache()
-    stored = op._cache.get("stored")
+    work.check_cache()
+    stored = work.cache.get("stored")
     if stored is None or stored.device.type != "cpu" or stored.dtype not in _DTYPES or not stored.is_contiguous():
         return False
-    if op._needs_grad() or (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in rhs)):
+    if work.needs_grad() or (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in rhs)):
         return False
     return _library() is not None
 
@@ -213,12 +214,12 @@ _STORED_PASSES = {
 }
 
 
-def stored_pass(op, vs: Tensor, w: Tensor | None, accumulate: torch.dtype) -> Tensor:
+def stored_pass(work: BlockWorkspace, vs: Tensor, w: Tensor | None, accumulate: torch.dtype) -> Tensor:
     """This process's ``K^T (K vs + w)`` (``m x k``, unscaled ``K``) in dtype ``accumulate``, reading the
     stored ``K`` once (the C source's stored pass; the same sums as :func:`native_pass`: inner products and
     each :data:`TILE` rows' part of the transposed product in the operator's dtype, the rest in
     ``accumulate``). ``vs`` (``m x k``) and ``w`` (``n x k`` or None) are cast to the operator's dtype."""
-    stored = op._cache["stored"]
+    stored = work.cache["stored"]
     n, m = stored.shape
     if n == 0:  # a rank of a distributed fit holding no rows (K stored by the blocked pass): its part is 0
         return torch.zeros(m, vs.shape[1], dtype=accumulate)
@@ -253,72 +254,74 @@ def _sum(parts: list[Tensor]) -> Tensor:
     return out
 
 
-def transpose_pass(op, vs: Tensor | None, w: Tensor, accumulate: torch.dtype) -> Tensor:
+def transpose_pass(work: BlockWorkspace, vs: Tensor | None, w: Tensor, accumulate: torch.dtype) -> Tensor:
     """``K^T (K vs + w)``, or ``K^T w`` as ``K^T (K 0 + w)`` where ``vs`` is None (FALKON's right-hand side
     ``K^T y``: the pass forms each tile once either way), reading the stored ``K`` where there is one
     (:func:`stored_pass`), else :func:`native_pass`; for a caller that checked :func:`use_stored` or
     :func:`use_native`."""
     if vs is None:
-        vs = torch.zeros(op.shape_nm[1], w.shape[1], dtype=op.x1.dtype, device=op.x1.device)
-    return (stored_pass if "stored" in op._cache else native_pass)(op, vs, w, accumulate)
+        vs = torch.zeros(work.shape_nm[1], w.shape[1], dtype=work.x1.dtype, device=work.x1.device)
+    return (stored_pass if "stored" in work.cache else native_pass)(work, vs, w, accumulate)
 
 
-def native_pass(op, vs: Tensor, w: Tensor | None, accumulate: torch.dtype) -> Tensor:
+def native_pass(work: BlockWorkspace, vs: Tensor, w: Tensor | None, accumulate: torch.dtype) -> Tensor:
     """This process's ``K^T (K vs + w)`` (``m x k``, unscaled ``K``) in dtype ``accumulate``.
 
     ``vs`` (``m x k``) and ``w`` (``n x k`` or None) in the operator's dtype; ``accumulate`` is that dtype or
     float64 (float32 sums of :data:`TILE` rows, then float64). The caller scales and reduces across ranks.
     With a stored head of ``K`` (:func:`use_native`) its rows are read, the rest formed.
     """
-    n, m = op.shape_nm
+    n, m = work.shape_nm
     k = vs.shape[1]
     if n == 0:  # a rank of a distributed fit holding no rows: its part of the sum
         return torch.zeros(m, k, dtype=accumulate)
-    head = op._cache.get("stored_head")
+    head = work.cache.get("stored_head")
     if head is None:
-        out = _sum(_run(op, vs, w, accumulate, None))[:, :m]
+        out = _sum(_run(work, vs, w, accumulate, None))[:, :m]
     else:
         out = _sum(_read_stored(head, vs, w, accumulate))
         if head.shape[0] < n:
-            out += _sum(_run(op, vs, w, accumulate, None, start=head.shape[0]))[:, :m]
+            out += _sum(_run(work, vs, w, accumulate, None, start=head.shape[0]))[:, :m]
     return out.T.contiguous()
 
 
-def native_rows_product(op, vs: Tensor) -> Tensor:
+def native_rows_product(work: BlockWorkspace, vs: Tensor) -> Tensor:
     """``K vs`` (``n x k``, unscaled ``K``) in the operator's dtype: the pass's first half alone (a stored
     head's rows by a matrix product)."""
-    n, k = op.shape_nm[0], vs.shape[1]
-    out = torch.empty(n, k, dtype=op.x1.dtype)
-    head = op._cache.get("stored_head")
+    n, k = work.shape_nm[0], vs.shape[1]
+    out = torch.empty(n, k, dtype=work.x1.dtype)
+    head = work.cache.get("stored_head")
     start = 0
     if head is not None:
         start = head.shape[0]
         torch.mm(head, vs.to(head.dtype), out=out[:start])
     if start < n:
-        _run(op, vs, None, op.x1.dtype, out, start=start)
+        _run(work, vs, None, work.x1.dtype, out, start=start)
     return out
 
 
-def _run(op, vs: Tensor, w: Tensor | None, accumulate: torch.dtype, kv: Tensor | None, start: int = 0) -> list[Tensor]:
+def _run(
+    work: BlockWorkspace, vs: Tensor, w: Tensor | None, accumulate: torch.dtype, kv: Tensor | None, start: int = 0
+) -> list[Tensor]:
     """One call per thread over contiguous shares of whole tiles of rows ``[start, n)``; each thread's
     ``k x padded`` partial sum of ``K^T (K vs + w)`` over them (none when ``kv`` is given: ``K vs`` is written
     there instead). Where :func:`use_native` left a buffer for ``K`` (whole, or a head of its rows), the rows
     it covers are written into it as they are formed and it is kept once the pass is through."""
     lib = _library()
-    dtype = op.x1.dtype
-    n, m = op.shape_nm
+    dtype = work.x1.dtype
+    n, m = work.shape_nm
     k = vs.shape[1]
     padded = -(-m // _PAD) * _PAD
-    if "native_cols" not in op._cache:
-        cols = op._cols()
+    if "native_cols" not in work.cache:
+        cols = work.prepared_cols()
         cols_t = torch.empty(cols.shape[1], padded, dtype=dtype)
         cols_t[:, :m] = cols.T
         # padding repeats the first center (its v entry is 0): a zero column would give 0 * inf = NaN in the
         # padding for a row whose augmented norm overflowed (a far row), and NaN * 0 stays NaN in the sums
         cols_t[:, m:] = cols_t[:, :1]
-        op._cache["native_cols"] = cols_t
-    cols_t = op._cache["native_cols"]
-    rows = op._rows(slice(0, n)).contiguous()
+        work.cache["native_cols"] = cols_t
+    cols_t = work.cache["native_cols"]
+    rows = work.prepared_rows(slice(0, n)).contiguous()
     dim = rows.shape[1]
     vt = torch.zeros(k, padded, dtype=dtype)
     vt[:, :m] = vs.T
@@ -328,12 +331,12 @@ def _run(op, vs: Tensor, w: Tensor | None, accumulate: torch.dtype, kv: Tensor |
         (torch.float32, torch.float64): lib.kgp_pass_f32_f64,
         (torch.float64, torch.float64): lib.kgp_pass_f64,
     }[(dtype, accumulate)]
-    family = op.formula.family
+    family = work.formula.family
     floor = EXP_FLOOR[dtype]
     # the blocked pass's clamps (KernelFormula.fill): the base-2 exponent for RBF, a^2 for Matern
     lo, hi = (floor * LOG2E, 0.0) if family == "rbf" else (0.0, floor * floor)
     # K due to be stored at this use: its rows (all, or a head) in one parallel call, the rest in another
-    store = op._cache.pop("storing", None) if start == 0 else None
+    store = work.cache.pop("storing", None) if start == 0 else None
     stored_rows = 0 if store is None else store.shape[0]
     groups = [(_row_shares(0, stored_rows), store)] if stored_rows else []
     if stored_rows < n:
@@ -359,5 +362,5 @@ def _run(op, vs: Tensor, w: Tensor | None, accumulate: torch.dtype, kv: Tensor |
         # products that read it (head, then the rest): the same result where the stored pass is the native one
         outs += [_sum(parts)] if len(groups) > 1 and parts else parts
     if store is not None:
-        op._cache["stored" if stored_rows == n else "stored_head"] = store
+        work.cache["stored" if stored_rows == n else "stored_head"] = store
     return outs

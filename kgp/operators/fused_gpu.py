@@ -52,6 +52,7 @@ from torch import Tensor
 
 from .. import settings
 from ..kernels.formulas import EXP_FLOOR, LOG2E
+from .workspace import BlockWorkspace
 
 __all__ = ["cols_product", "fused_applies", "rows_product", "use_fused"]
 
@@ -140,23 +141,23 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def fused_applies(op, k: int, *rhs: Tensor) -> bool:
-    """Whether ``op``'s product with ``k`` columns (right-hand sides ``rhs``) can run in the fused kernels.
+def fused_applies(work: BlockWorkspace, k: int, *rhs: Tensor) -> bool:
+    """Whether ``work``'s product with ``k`` columns (right-hand sides ``rhs``) can run in the fused kernels.
 
     A pure query (the conditions in the module docstring), except that a stored ``K`` is only seen once
     it exists; :func:`use_fused` is what the products call.
     """
     mode = settings.fused_kernels.value()
-    if mode == "never" or k != 1 or op.formula.family not in _FAMILIES:
+    if mode == "never" or k != 1 or work.formula.family not in _FAMILIES:
         return False
-    x1 = op.x1
-    if x1.dtype != torch.float32 or op.distance_dtype is not None:
+    x1 = work.x1
+    if x1.dtype != torch.float32 or work.distance_dtype is not None:
         return False
     if not (x1.device.type == "cuda" or (_interpreting() and x1.device.type == "cpu")):
         return False
     if mode == "auto" and not _tensor_cores(x1.device):
         return False  # the FMA loop alone was measured, on cards with tensor cores; "always" allows it
-    n, m = op.shape_nm
+    n, m = work.shape_nm
     dim = x1.shape[1] + 2
     budget = settings.memory_budget.value(x1.device)
     form = _form(x1.device)
@@ -166,7 +167,7 @@ def fused_applies(op, k: int, *rhs: Tensor) -> bool:
         return False
     if 4 * n * dim * x1.element_size() > budget:  # the transposed rows (n x DIM) the kernels read
         return False
-    if dim * max(n, m) > _INT32_LIMIT or op._needs_grad():
+    if dim * max(n, m) > _INT32_LIMIT or work.needs_grad():
         return False
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in rhs):
         return False  # the kernels record no gradient; the blocked path's products do (or refuse)
@@ -179,31 +180,31 @@ def fused_applies(op, k: int, *rhs: Tensor) -> bool:
                 stacklevel=3,
             )
         return False
-    op._check_cache()
-    return not op._same_inputs() and op._cache.get("stored") is None
+    work.check_cache()
+    return not work.same_inputs() and work.cache.get("stored") is None
 
 
-def use_fused(op, k: int, *rhs: Tensor) -> bool:
+def use_fused(work: BlockWorkspace, k: int, *rhs: Tensor) -> bool:
     """:func:`fused_applies`; with the FMA loop, then one use of the operator towards storing ``K``
     (``kernel_cache="auto"``), as a blocked product counts it: where ``K`` is stored from this use on, the
     products read it instead. The tensor-core form is faster than a stored ``K`` and never stores one."""
-    if not fused_applies(op, k, *rhs):
+    if not fused_applies(work, k, *rhs):
         return False
-    return _form(op.x1.device) == "dot" or op._stored() is None
+    return _form(work.x1.device) == "dot" or work.stored() is None
 
 
-def _prepared(op) -> tuple[Tensor, Tensor]:
+def _prepared(work: BlockWorkspace) -> tuple[Tensor, Tensor]:
     """The augmented inputs, transposed (``DIM x n`` and ``DIM x m``), kept in the operator's cache.
 
     Called after :func:`use_fused`, whose gate has already emptied a stale cache.
     """
-    if "rows_t" not in op._cache:
-        n = op.shape_nm[0]
-        op._cache["rows_t"] = op._rows(slice(0, n)).T.contiguous()
-        op._cache.pop("rows", None)  # the blocked path rebuilds it if it needs it (O(n d))
-    if "cols_t" not in op._cache:
-        op._cache["cols_t"] = op._cols().T.contiguous()
-    return op._cache["rows_t"], op._cache["cols_t"]
+    if "rows_t" not in work.cache:
+        n = work.shape_nm[0]
+        work.cache["rows_t"] = work.prepared_rows(slice(0, n)).T.contiguous()
+        work.cache.pop("rows", None)  # the blocked path rebuilds it if it needs it (O(n d))
+    if "cols_t" not in work.cache:
+        work.cache["cols_t"] = work.prepared_cols().T.contiguous()
+    return work.cache["rows_t"], work.cache["cols_t"]
 
 
 def _bounds(family: str, dtype: torch.dtype) -> tuple[float, float]:
@@ -213,19 +214,19 @@ def _bounds(family: str, dtype: torch.dtype) -> tuple[float, float]:
     return 0.0, floor * floor
 
 
-def rows_product(op, v: Tensor, w: Tensor | None = None) -> Tensor:
+def rows_product(work: BlockWorkspace, v: Tensor, w: Tensor | None = None) -> Tensor:
     """``K v + w`` (unscaled ``K``) for ``v`` of length ``m`` and ``w`` of length ``n``; length ``n``."""
-    form = _form(op.x1.device)
+    form = _form(work.x1.device)
     rows_kernel, _ = _kernels()[form]
-    rows_t, cols_t = _prepared(op)
-    n, m = op.shape_nm
-    dtype = op.x1.dtype
-    low, high = _bounds(op.formula.family, dtype)
-    u = torch.empty(n, dtype=dtype, device=op.x1.device)
+    rows_t, cols_t = _prepared(work)
+    n, m = work.shape_nm
+    dtype = work.x1.dtype
+    low, high = _bounds(work.formula.family, dtype)
+    u = torch.empty(n, dtype=dtype, device=work.x1.device)
     v = v.reshape(-1).to(dtype).contiguous()
     w = None if w is None else w.reshape(-1).to(dtype).contiguous()
-    with _on(op.x1.device):
-        _launch_rows(rows_kernel, rows_t, cols_t, v, w, u, n, m, op.formula.family, low, high, form)
+    with _on(work.x1.device):
+        _launch_rows(rows_kernel, rows_t, cols_t, v, w, u, n, m, work.formula.family, low, high, form)
     return u
 
 
@@ -253,18 +254,18 @@ def _dims(dim: int, form: str) -> dict:
     return {"DIM": dim, "DPAD": max(16, 1 << (dim - 1).bit_length()), "DOT": form == "dot"}
 
 
-def cols_product(op, u: Tensor, out_dtype: torch.dtype) -> Tensor:
+def cols_product(work: BlockWorkspace, u: Tensor, out_dtype: torch.dtype) -> Tensor:
     """``K^T u`` (unscaled ``K``) for ``u`` of length ``n``, summed in float64 and returned in ``out_dtype``."""
-    form = _form(op.x1.device)
+    form = _form(work.x1.device)
     _, cols_kernel = _kernels()[form]
-    rows_t, cols_t = _prepared(op)
-    n, m = op.shape_nm
-    dtype = op.x1.dtype
-    low, high = _bounds(op.formula.family, dtype)
-    rows_per_split = _rows_per_split(n, m, op.x1.device)
+    rows_t, cols_t = _prepared(work)
+    n, m = work.shape_nm
+    dtype = work.x1.dtype
+    low, high = _bounds(work.formula.family, dtype)
+    rows_per_split = _rows_per_split(n, m, work.x1.device)
     splits = max(1, -(-n // rows_per_split))
-    part = torch.empty(splits, m, dtype=torch.float64, device=op.x1.device)
-    with _on(op.x1.device):
+    part = torch.empty(splits, m, dtype=torch.float64, device=work.x1.device)
+    with _on(work.x1.device):
         cols_kernel(
             lambda meta: (_cdiv(m, meta["BLOCK_M"]), splits),
             rows_t=rows_t,
@@ -274,7 +275,7 @@ def cols_product(op, u: Tensor, out_dtype: torch.dtype) -> Tensor:
             n=n,
             m=m,
             rows_per_split=rows_per_split,
-            FAMILY=_FAMILIES[op.formula.family],
+            FAMILY=_FAMILIES[work.formula.family],
             LOW=low,
             HIGH=high,
             out_dtype=_triton_dtype(dtype),

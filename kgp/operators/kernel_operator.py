@@ -12,14 +12,17 @@ Design (docs/backend.md):
   fast path and whose backward calls :meth:`KernelOperator._bilinear_derivative`, which recomputes one
   differentiable block at a time, so the autograd graph never holds more than one block.
 
-The class is assembled from three mixins along its seams: :mod:`.workspace` (prepared inputs, buffers,
-the stored K, the row blocks), :mod:`.products` (the streamed products and the autograd function of
-``fused_matmul``) and :mod:`.autograd` (the block-wise derivatives); this module keeps construction, shape and
-linear_operator's API. The modules import one another only in that direction (this one imports the three).
+The operator is composed of two objects it owns: a :class:`~.workspace.BlockWorkspace` (prepared inputs,
+buffers, the stored K, the row blocks of ``K(x1, x2)``) and a :class:`~.products.StreamingProducts` engine
+(the streamed products over those blocks, and the autograd function of ``fused_matmul``);
+:func:`~.autograd.bilinear_derivative` differentiates block by block. This module keeps construction, the
+orientation and batch views, and linear_operator's API, mapping each onto the untransposed ``K(x1, x2)`` the
+other two describe. Imports run one way: this module -> products -> autograd -> workspace.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import gpytorch
@@ -28,7 +31,7 @@ from linear_operator.operators import LinearOperator
 from torch import Tensor
 
 from ..kernels.formulas import KernelFormula, formula_for
-from .autograd import BlockAutograd
+from .autograd import bilinear_derivative
 from .products import StreamingProducts
 from .workspace import BlockWorkspace, cache_key
 
@@ -102,7 +105,7 @@ def kernel_operator(
     return KernelOperator(x1, x2, *hypers, kernel=kernel, formula=formula, distance_dtype=distance_dtype, shard=shard)
 
 
-class KernelOperator(BlockWorkspace, StreamingProducts, BlockAutograd, LinearOperator):
+class KernelOperator(LinearOperator):
     r"""Lazy ``K(x1, x2)`` (or its transpose), evaluated in row blocks of ``x1``.
 
     Products stream over row blocks of ``x1`` sized by :func:`~kgp.operators.blocks.plan_block_rows`
@@ -189,6 +192,8 @@ class KernelOperator(BlockWorkspace, StreamingProducts, BlockAutograd, LinearOpe
         self.distance_dtype = distance_dtype
         self.shard = shard
         self._cache: dict = cache
+        self.workspace = BlockWorkspace(x1, x2, self.hypers, kernel, formula, distance_dtype, cache)
+        self._products = StreamingProducts(self.workspace, shard)
 
     def _view(self, *, transposed: bool | None = None, batch_shape: tuple[int, ...] | None = None) -> KernelOperator:
         """Same matrix, other orientation / batch view; shares prepared inputs, buffers and stored K."""
@@ -217,27 +222,95 @@ class KernelOperator(BlockWorkspace, StreamingProducts, BlockAutograd, LinearOpe
     @property
     def shape_nm(self) -> tuple[int, int]:
         """Shape of the streamed (untransposed) matrix ``K(x1, x2)``."""
-        return self.x1.shape[0], self.x2.shape[0]
+        return self.workspace.shape_nm
 
-    def _needs_grad(self) -> bool:
-        if not torch.is_grad_enabled():
-            return False
-        return any(t.requires_grad for t in (self.x1, self.x2, *self.hypers))
+    # ------------------------------------------------------------------ blocks and products
+    def block_rows(self, differentiable: bool = False) -> int:
+        """Rows per block under the current memory budget (and ``kgp.settings.block_rows``).
 
-    def _scale(self) -> Tensor | None:
-        _, scale = self.formula.split(self.hypers)
-        return None if scale is None else scale.reshape(())
+        Parameters
+        ----------
+        differentiable:
+            Size blocks for the autograd path, which keeps several block-sized temporaries alive.
+        """
+        return self.workspace.block_rows(differentiable)
 
-    def _same_inputs(self) -> bool:
-        """Whether x1 and x2 hold the same points (K(X, X)); then the diagonal is k(x, x) exactly."""
-        if "same" not in self._cache:
-            x1, x2 = self.x1, self.x2
-            self._cache["same"] = x1 is x2 or (x1.shape == x2.shape and bool(torch.equal(x1, x2)))
-        return self._cache["same"]
+    def blocks(self, start: int = 0, stop: int | None = None) -> Iterator[tuple[slice, Tensor]]:
+        """Yield ``(row_slice, block)`` with the **unscaled** kernel block for rows of ``x1``.
+
+        The block is a view of a reused buffer: consume it before advancing the iterator (writing
+        into it is allowed). This is the separable unit of the backend (a sharded version hands
+        each rank its own range). Multiply by :meth:`outputscale` for the scaled kernel. No autograd.
+
+        Parameters
+        ----------
+        start, stop:
+            Row range of ``x1`` to cover (default: all rows).
+        """
+        return self.workspace.blocks(start, stop)
+
+    def fill_dense(self, out: Tensor) -> Tensor:
+        """Write the whole **unscaled** ``K(x1, x2)`` (n x m, not transposed) into ``out``; no autograd.
+
+        Each row block is formed in ``out`` itself (no second pass over the matrix, no buffer of fresh memory).
+        """
+        return self.workspace.fill_dense(out)
+
+    def outputscale(self) -> Tensor | None:
+        """The ScaleKernel factor that :meth:`blocks` leaves out (``None`` if unscaled)."""
+        return self.workspace.outputscale()
+
+    def fused_matmul(self, v: Tensor, w: Tensor | None = None, *, accumulate: torch.dtype | None = None) -> Tensor:
+        r"""Compute :math:`K^\top (K v + w)` in one pass over the rows of ``x1`` (FALKON's hot loop).
+
+        This is the product ``K_nM^T (K_nM u + v)`` of FALKON's Algorithm 1 (``KnM_times_vector``,
+        Rudi et al. 2017): each row block of K is formed once and used for both products.
+
+        Parameters
+        ----------
+        v:
+            ``m x k`` (or ``m``) coefficients.
+        w:
+            Optional ``n x k`` (or ``n``) offset added before the transposed product.
+        accumulate:
+            Optional wider dtype (float64 for a float32 operator) for the sum over rows of the
+            transposed product: ``K v + w`` stays in the operator's dtype, and ``K^T (K v + w)`` is
+            summed in float32 over runs of 16 rows only, the runs in the wider dtype. ``v`` and ``w``
+            may then be given in either dtype, and the result has dtype ``accumulate``. Why: a float32 sum
+            over n rows errs by about ``eps32 sqrt(n)`` in directions where ``K_MM`` is nearly singular,
+            and FALKON's preconditioner amplifies exactly those (docs/solvers/falkon.md, "float32"). No
+            autograd.
+
+        Returns
+        -------
+        Tensor
+            ``m x k`` (``m`` for vector input), with K = K(x1, x2) regardless of ``transposed``
+            or a batch view. Differentiable with respect to ``v``, ``w`` and the representation
+            tensors when autograd is on (without ``accumulate``).
+        """
+        return self._products.fused_matmul(v, w, accumulate=accumulate)
+
+    def transpose_matmul(self, u: Tensor, *, accumulate: torch.dtype | None = None) -> Tensor:
+        """``K(x1, x2)^T u`` for ``u`` of shape ``n x k`` (or ``n``), optionally summed in a wider dtype.
+
+        ``accumulate`` as in :meth:`fused_matmul` (e.g. FALKON's right-hand side ``K_nM^T y`` of a
+        float32 problem, summed in float64).
+        """
+        if accumulate is not None and accumulate != self.x1.dtype:
+            return self._products.accumulated(None, u, accumulate)
+        return self._view(transposed=True, batch_shape=()) @ u
+
+    def gram(self) -> Tensor:
+        r"""``K^T K`` (``m x m``, exactly symmetric) in one pass over the rows of ``x1``; no autograd.
+
+        The Gram matrix ``K_Mn K_nM`` of the SGPR / DTC variance (Titsias 2009, eq. 6) without the
+        ``n x m`` matrix; a sharded operator sums the ranks' partial products.
+        """
+        return self._products.gram()
 
     # ------------------------------------------------------------------ LinearOperator API
     def _matmul(self, rhs: Tensor) -> Tensor:
-        self._product_dtype_check(rhs)
+        self._products.check_rhs(rhs)
         vector = rhs.dim() == 1
         mat = rhs.unsqueeze(-1) if vector else rhs
         batch = mat.shape[:-2]
@@ -245,7 +318,7 @@ class KernelOperator(BlockWorkspace, StreamingProducts, BlockAutograd, LinearOpe
             cols = mat.movedim(-2, 0).reshape(mat.shape[-2], -1)
         else:
             cols = mat
-        out = self._k_t_matmul(cols) if self.transposed else self._k_matmul(cols)
+        out = self._products.k_t_matmul(cols) if self.transposed else self._products.k_matmul(cols)
         if batch:
             out = out.reshape(out.shape[0], *batch, mat.shape[-1]).movedim(0, -2)
         if self.batch_shape_:
@@ -256,29 +329,29 @@ class KernelOperator(BlockWorkspace, StreamingProducts, BlockAutograd, LinearOpe
     def _t_matmul(self, rhs: Tensor) -> Tensor:
         return self._transpose_nonbatch()._matmul(rhs)
 
-    def _diag_offset(self, rows: slice) -> int | None:
-        """Column of the block's first diagonal entry for K(X, X) with a stationary kernel, else None."""
-        if self.formula.is_stationary and self._same_inputs():
-            return rows.start
-        return None
-
-    def _dense_rows(self, rows: slice) -> Tensor:
-        """Differentiable scaled block K(x1[rows], x2)."""
-        return self.formula.dense(self.x1[rows], self.x2, self.hypers, self.kernel, diag_offset=self._diag_offset(rows))
+    def _bilinear_derivative(self, left_vecs: Tensor, right_vecs: Tensor) -> tuple[Tensor | None, ...]:
+        """linear_operator's gradient hook, one row block at a time (:func:`~.autograd.bilinear_derivative`)."""
+        return bilinear_derivative(
+            self.workspace,
+            left_vecs,
+            right_vecs,
+            transposed=self.transposed,
+            batch_shape=self.batch_shape_,
+            shard=self.shard,
+        )
 
     def _matrix(self) -> Tensor:
         """Dense K(x1, x2) (not transposed, no batch)."""
-        if self._fast():
+        work = self.workspace
+        if work.fast():
             n, m = self.shape_nm
             out = torch.empty(n, m, dtype=self.x1.dtype, device=self.x1.device)
-            self.fill_dense(out)
-            scale = self._scale()
+            work.fill_dense(out)
+            scale = work.scale()
             if scale is not None:
                 out.mul_(scale)
             return out
-        return self.formula.dense(
-            self.x1, self.x2, self.hypers, self.kernel, diag_offset=self._diag_offset(slice(0, 0))
-        )
+        return self.formula.dense(self.x1, self.x2, self.hypers, self.kernel, diag_offset=work.diag_offset(slice(0, 0)))
 
     def to_dense(self) -> Tensor:
         """The dense matrix (n x m): only for small operators, it allocates the whole matrix."""

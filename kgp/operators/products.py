@@ -1,8 +1,9 @@
-"""The streaming products of :class:`~kgp.operators.KernelOperator`: ``K v``, ``K^T u``, FALKON's fused
+"""The product engine of :class:`~kgp.operators.KernelOperator`: ``K v``, ``K^T u``, FALKON's fused
 ``K^T (K v + w)``, sums in a wider dtype and the Gram matrix ``K^T K``, each one pass over row blocks.
 
-:class:`StreamingProducts` is a mixin of the operator (it uses the blocks of
-:class:`~kgp.operators.workspace.BlockWorkspace`).
+The operator owns one :class:`StreamingProducts` for ``K(x1, x2)``; it streams the blocks of the operator's
+:class:`~kgp.operators.workspace.BlockWorkspace` and sums a row-sharded operator's partial products over the
+ranks. The operator maps its own orientation (``K`` or ``K^T``) and batch views onto these products.
 """
 
 from __future__ import annotations
@@ -10,9 +11,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .autograd import bilinear_derivative
 from .blocks import row_slices
 from .fused_cpu import native_pass, native_rows_product, stored_pass, transpose_pass, use_native, use_stored
 from .fused_gpu import cols_product, rows_product, use_fused
+from .workspace import BlockWorkspace
 
 __all__ = ["StreamingProducts"]
 
@@ -47,7 +50,7 @@ def _run_sums(block: Tensor, inner: Tensor, rows: int, wide: torch.dtype) -> Ten
 
 
 class _FusedMatmul(torch.autograd.Function):
-    r"""Autograd for :meth:`KernelOperator.fused_matmul`: a single fast forward pass, streamed backward.
+    r"""Autograd for :meth:`kgp.operators.KernelOperator.fused_matmul`: a single fast forward pass, streamed backward.
 
     With :math:`y = K^\top (K v + w)` and incoming gradient :math:`g`:
     :math:`\partial v = K^\top K g`, :math:`\partial w = K g`, and the representation tensors get the
@@ -57,7 +60,7 @@ class _FusedMatmul(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, op: StreamingProducts, v: Tensor, w: Tensor | None, *args: Tensor) -> Tensor:
-        out = op._fused_pass(v, w)
+        out = op.fused_pass(v, w)
         ctx.op = op
         ctx.has_w = w is not None
         # K v + w (n x k) is recomputed in backward: keeping it would cost n x M for v = I_M
@@ -71,178 +74,162 @@ class _FusedMatmul(torch.autograd.Function):
         needs_v, needs_w = ctx.needs_input_grad[1], ctx.needs_input_grad[2]
         needs_args = any(ctx.needs_input_grad[3:])
         grad = grad.contiguous()
-        kg = op._k_matmul(grad) if (needs_v or needs_w or needs_args) else None
-        grad_v = op._k_t_matmul(kg) if needs_v else None
+        kg = op.k_matmul(grad) if (needs_v or needs_w or needs_args) else None
+        grad_v = op.k_t_matmul(kg) if needs_v else None
         grad_w = kg if (needs_w and ctx.has_w) else None
         if needs_args:
-            inner = op._k_matmul(v)
+            inner = op.k_matmul(v)
             if ctx.has_w:
                 inner = inner + w
-            arg_grads = op._bilinear_derivative(torch.cat([inner, kg], dim=1), torch.cat([grad, v], dim=1))
+            arg_grads = bilinear_derivative(
+                op.work, torch.cat([inner, kg], dim=1), torch.cat([grad, v], dim=1), shard=op.shard
+            )
         else:
             arg_grads = (None,) * (len(ctx.needs_input_grad) - 3)
         return (None, grad_v, grad_w, *arg_grads)
 
 
 class StreamingProducts:
-    """Products with the kernel matrix, streamed over row blocks of ``x1`` (a mixin of the operator)."""
+    """Products with ``K(x1, x2)``, streamed over the row blocks of ``x1`` that ``work`` forms.
 
-    def _product_dtype_check(self, rhs: Tensor) -> None:
-        if rhs.dtype != self.x1.dtype:
-            raise TypeError(f"KernelOperator: right-hand side has dtype {rhs.dtype}, operator has {self.x1.dtype}")
-        if rhs.device != self.x1.device:
-            raise ValueError(f"KernelOperator: right-hand side is on {rhs.device}, operator on {self.x1.device}")
+    Parameters
+    ----------
+    work:
+        The operator's workspace (inputs, formula, buffers, the stored K).
+    shard:
+        A :class:`kgp.distributed.Shard` when ``x1`` is this rank's rows of a row-sharded data set: the
+        products summed over rows are then summed over the ranks too. None: one process.
+    """
 
-    def _k_matmul(self, v: Tensor) -> Tensor:
+    def __init__(self, work: BlockWorkspace, shard) -> None:
+        self.work = work
+        self.shard = shard
+
+    def check_rhs(self, rhs: Tensor) -> None:
+        """TypeError / ValueError unless ``rhs`` has the operator's dtype and device."""
+        if rhs.dtype != self.work.x1.dtype:
+            raise TypeError(f"KernelOperator: right-hand side has dtype {rhs.dtype}, operator has {self.work.x1.dtype}")
+        if rhs.device != self.work.x1.device:
+            raise ValueError(f"KernelOperator: right-hand side is on {rhs.device}, operator on {self.work.x1.device}")
+
+    def k_matmul(self, v: Tensor) -> Tensor:
         """K(x1, x2) v for ``v`` of shape ``m x k``."""
-        n, _ = self.shape_nm
-        if not self._fast():
-            parts = [self._dense_rows(rows) @ v for rows in row_slices(0, n, self.block_rows(True))]
+        n, _ = self.work.shape_nm
+        if not self.work.fast():
+            parts = [self.work.dense_rows(rows) @ v for rows in row_slices(0, n, self.work.block_rows(True))]
             return torch.cat(parts, dim=0)
-        scale = self._scale()
+        scale = self.work.scale()
         k = v.shape[1]
-        if use_fused(self, k, v):
+        if use_fused(self.work, k, v):
             with torch.no_grad():
-                out = rows_product(self, v).unsqueeze(1)
-        elif use_native(self, k, v):
+                out = rows_product(self.work, v).unsqueeze(1)
+        elif use_native(self.work, k, v):
             with torch.no_grad():
-                out = native_rows_product(self, v)
+                out = native_rows_product(self.work, v)
         elif k == 1:
             out = torch.empty(n, 1, dtype=v.dtype, device=v.device)
-            for rows, block in self._block_views(0, n, copy=False):
+            for rows, block in self.work.block_views(0, n, copy=False):
                 torch.mm(block, v, out=out[rows])
         else:
             # (K v)^T = v^T K^T: the faster orientation for k > 1 columns (_fused_pass_columns)
             v_t = v.mT.contiguous()
             out_t = torch.empty(k, n, dtype=v.dtype, device=v.device)
-            for rows, block in self._block_views(0, n, copy=False):
+            for rows, block in self.work.block_views(0, n, copy=False):
                 torch.mm(v_t, block.mT, out=out_t[:, rows])
             out = out_t.mT.contiguous()  # callers may view() it, as before
         return out if scale is None else out.mul_(scale)
 
-    def _k_t_matmul(self, u: Tensor) -> Tensor:
+    def k_t_matmul(self, u: Tensor) -> Tensor:
         """K(x1, x2)^T u for ``u`` of shape ``n x k``."""
-        n, m = self.shape_nm
-        if not self._fast():
+        n, m = self.work.shape_nm
+        if not self.work.fast():
             self._no_sharded_grad()
             acc = None
-            for rows in row_slices(0, n, self.block_rows(True)):
-                part = self._dense_rows(rows).T @ u[rows]
+            for rows in row_slices(0, n, self.work.block_rows(True)):
+                part = self.work.dense_rows(rows).T @ u[rows]
                 acc = part if acc is None else acc + part
-            return self._reduce(acc if acc is not None else u.new_zeros(m, u.shape[1]))
-        scale = self._scale()
+            return self.reduce(acc if acc is not None else u.new_zeros(m, u.shape[1]))
+        scale = self.work.scale()
         k = u.shape[1]
-        if use_fused(self, k, u):
+        if use_fused(self.work, k, u):
             with torch.no_grad():
-                out = self._reduce(cols_product(self, u, u.dtype).unsqueeze(1))
+                out = self.reduce(cols_product(self.work, u, u.dtype).unsqueeze(1))
             return out if scale is None else out.mul_(scale)
-        if use_stored(self, k, u) or use_native(self, k, u):
+        if use_stored(self.work, k, u) or use_native(self.work, k, u):
             # as K^T (K 0 + u) (FALKON's right-hand side K^T y in float64): 0.85 s natively against 2.2 s for
             # the blocks on airline (n = 219,082, M = 5,000 float64)
             with torch.no_grad():
-                out = self._reduce(transpose_pass(self, None, u, u.dtype))
+                out = self.reduce(transpose_pass(self.work, None, u, u.dtype))
             return out if scale is None else out.mul_(scale)
         # k > 1: accumulate the transpose u^T K, which reads each row-major block far faster (_fused_pass_columns)
         out_t = torch.zeros(k, m, dtype=u.dtype, device=u.device) if k > 1 else None
         out = torch.zeros(m, k, dtype=u.dtype, device=u.device) if k == 1 else None
-        for rows, block in self._block_views(0, n, copy=False):
+        for rows, block in self.work.block_views(0, n, copy=False):
             if out_t is not None:
                 out_t.addmm_(u[rows].mT, block)
             else:
                 out.addmm_(block.T, u[rows])
         if out_t is not None:
             out = out_t.mT.contiguous()
-        self._reduce(out)
+        self.reduce(out)
         return out if scale is None else out.mul_(scale)
 
-    def _reduce(self, partial: Tensor) -> Tensor:
+    def reduce(self, partial: Tensor) -> Tensor:
         """Sum a partial ``m x k`` result over the ranks of a sharded operator (in place; identity otherwise)."""
         if self.shard is None:
             return partial
         return self.shard.all_reduce_(partial)
 
     def _no_sharded_grad(self) -> None:
-        if self.shard is not None and self._needs_grad():
+        if self.shard is not None and self.work.needs_grad():
             raise NotImplementedError(
                 "KernelOperator: autograd through a row-sharded operator is not supported (gradients would "
                 "need their own reduction); run distributed fits under torch.no_grad()"
             )
 
     def fused_matmul(self, v: Tensor, w: Tensor | None = None, *, accumulate: torch.dtype | None = None) -> Tensor:
-        r"""Compute :math:`K^\top (K v + w)` in one pass over the rows of ``x1`` (FALKON's hot loop).
+        r""":math:`K^\top (K v + w)` in one pass over the rows of ``x1`` (``KernelOperator.fused_matmul``).
 
-        This is the product ``K_nM^T (K_nM u + v)`` of FALKON's Algorithm 1 (``KnM_times_vector``,
-        Rudi et al. 2017): each row block of K is formed once and used for both products.
-
-        Parameters
-        ----------
-        v:
-            ``m x k`` (or ``m``) coefficients.
-        w:
-            Optional ``n x k`` (or ``n``) offset added before the transposed product.
-        accumulate:
-            Optional wider dtype (float64 for a float32 operator) for the sum over rows of the
-            transposed product: ``K v + w`` stays in the operator's dtype, and ``K^T (K v + w)`` is
-            summed in float32 over runs of :data:`_ACCUMULATE_ROWS` rows only, the runs in the wider
-            dtype. ``v`` and ``w`` may then be given in either dtype, and the result has dtype
-            ``accumulate``. Why: a float32 sum over n rows errs by about
-            ``eps32 sqrt(n)`` in directions where ``K_MM`` is nearly singular, and FALKON's
-            preconditioner amplifies exactly those (docs/solvers/falkon.md, "float32"). No autograd.
-
-        Returns
-        -------
-        Tensor
-            ``m x k`` (``m`` for vector input), with K = K(x1, x2) regardless of ``transposed``
-            or a batch view. Differentiable with respect to ``v``, ``w`` and the representation
-            tensors when autograd is on (without ``accumulate``).
+        ``accumulate``: a wider dtype for the sum over rows, in runs of :data:`_ACCUMULATE_ROWS` rows
+        (:meth:`accumulated`). Differentiable with respect to ``v``, ``w`` and the representation tensors when
+        autograd is on (without ``accumulate``).
         """
-        if accumulate is not None and accumulate != self.x1.dtype:
-            return self._accumulated(v, w, accumulate)
+        if accumulate is not None and accumulate != self.work.x1.dtype:
+            return self.accumulated(v, w, accumulate)
         vector = v.dim() == 1
         v2 = v.unsqueeze(-1) if vector else v
         w2 = None if w is None else (w.unsqueeze(-1) if w.dim() == 1 else w)
-        n, m = self.shape_nm
+        n, m = self.work.shape_nm
         if v2.dim() != 2 or v2.shape[0] != m or (w2 is not None and w2.shape != (n, v2.shape[1])):
             raise ValueError(
                 f"fused_matmul: expected v of shape ({m}, k) and w of shape ({n}, k), got "
                 f"{tuple(v.shape)} and {None if w is None else tuple(w.shape)}"
             )
-        self._product_dtype_check(v2)
+        self.check_rhs(v2)
         if w2 is not None:
-            self._product_dtype_check(w2)
-        base = self._view(transposed=False, batch_shape=())
-        args = (base.x1, base.x2, *base.hypers)
+            self.check_rhs(w2)
+        args = (self.work.x1, self.work.x2, *self.work.hypers)
         tracked = (v2, *args) if w2 is None else (v2, w2, *args)
         if torch.is_grad_enabled() and any(t.requires_grad for t in tracked):
             if self.shard is not None:
                 raise NotImplementedError(
                     "fused_matmul: autograd through a row-sharded operator is not supported; use torch.no_grad()"
                 )
-            out = _FusedMatmul.apply(base, v2, w2, *args)
+            out = _FusedMatmul.apply(self, v2, w2, *args)
         else:
-            out = base._fused_pass(v2, w2)
+            out = self.fused_pass(v2, w2)
         return out.squeeze(-1) if vector else out
 
-    def transpose_matmul(self, u: Tensor, *, accumulate: torch.dtype | None = None) -> Tensor:
-        """``K(x1, x2)^T u`` for ``u`` of shape ``n x k`` (or ``n``), optionally summed in a wider dtype.
-
-        ``accumulate`` as in :meth:`fused_matmul` (e.g. FALKON's right-hand side ``K_nM^T y`` of a
-        float32 problem, summed in float64).
-        """
-        if accumulate is not None and accumulate != self.x1.dtype:
-            return self._accumulated(None, u, accumulate)
-        base = self._view(transposed=True, batch_shape=())
-        return base @ u
-
-    def _accumulated(self, v: Tensor | None, w: Tensor | None, accumulate: torch.dtype) -> Tensor:
-        """``K^T (K v + w)`` (``v`` may be None: ``K^T w``) with blocks cast to ``accumulate`` for the sum."""
-        if accumulate not in _SUPPORTED_DTYPES or accumulate.itemsize < self.x1.element_size():
-            raise TypeError(f"accumulate: expected a dtype at least as wide as {self.x1.dtype}, got {accumulate}")
+    def accumulated(self, v: Tensor | None, w: Tensor | None, accumulate: torch.dtype) -> Tensor:
+        """``K^T (K v + w)`` (``v`` may be None: ``K^T w``) summed in ``accumulate``: runs of
+        :data:`_ACCUMULATE_ROWS` rows in the block's dtype, the runs in the wider one."""
+        if accumulate not in _SUPPORTED_DTYPES or accumulate.itemsize < self.work.x1.element_size():
+            raise TypeError(f"accumulate: expected a dtype at least as wide as {self.work.x1.dtype}, got {accumulate}")
         ref = v if v is not None else w
         vector = ref.dim() == 1
         v2 = None if v is None else (v.unsqueeze(-1) if vector else v)
         w2 = None if w is None else (w.unsqueeze(-1) if w.dim() == 1 else w)
-        n, m = self.shape_nm
+        n, m = self.work.shape_nm
         k = (v2 if v2 is not None else w2).shape[1]
         if (v2 is not None and (v2.dim() != 2 or v2.shape[0] != m)) or (w2 is not None and w2.shape != (n, k)):
             raise ValueError(
@@ -250,34 +237,35 @@ class StreamingProducts:
                 f"{None if v is None else tuple(v.shape)} and {None if w is None else tuple(w.shape)}"
             )
         for t in (v2, w2):
-            if t is not None and t.device != self.x1.device:
-                raise ValueError(f"KernelOperator: right-hand side is on {t.device}, operator on {self.x1.device}")
-        base = self._view(transposed=False, batch_shape=())
-        scale = base._scale()
-        dtype = self.x1.dtype
+            if t is not None and t.device != self.work.x1.device:
+                raise ValueError(f"KernelOperator: right-hand side is on {t.device}, operator on {self.work.x1.device}")
+        scale = self.work.scale()
+        dtype = self.work.x1.dtype
         rows_per_sum = _ACCUMULATE_ROWS
         with torch.no_grad():
             vs = None
             if v2 is not None:
                 vs = (v2 if scale is None else v2 * scale.to(v2.dtype)).to(dtype)
             out = None
-            if use_fused(base, k):
-                u = w2 if vs is None else rows_product(base, vs, w2)
-                out = base._reduce(cols_product(base, u, accumulate).unsqueeze(1))
-            elif use_stored(base, k, vs, w2) or use_native(base, k, vs, w2):
+            if use_fused(self.work, k):
+                u = w2 if vs is None else rows_product(self.work, vs, w2)
+                out = self.reduce(cols_product(self.work, u, accumulate).unsqueeze(1))
+            elif use_stored(self.work, k, vs, w2) or use_native(self.work, k, vs, w2):
                 # K^T w alone (FALKON's right-hand side K^T y) as K^T (K 0 + w): the native pass forms each
                 # tile once either way, 0.13 against 0.42 s for the blocks on airline (n = 219,082, M = 2,000)
-                out = base._reduce(transpose_pass(base, vs, w2, accumulate))
+                out = self.reduce(transpose_pass(self.work, vs, w2, accumulate))
             if out is not None:
                 if scale is not None:
                     out.mul_(scale.to(accumulate))
                 return out.squeeze(-1) if vector else out
-            out = torch.zeros(m, k, dtype=accumulate, device=self.x1.device)
-            scratch = base._scratch(base.block_rows(), k)
+            out = torch.zeros(m, k, dtype=accumulate, device=self.work.x1.device)
+            scratch = self.work.scratch(self.work.block_rows(), k)
             # k > 1: K v as (v^T K^T)^T, the faster orientation (_fused_pass_columns)
             vs_t = vs.mT.contiguous() if vs is not None and k > 1 else None
-            scratch_t = base._wide_buffer("scratch_t", k, base.block_rows(), dtype) if vs_t is not None else None
-            for rows, block in base._block_views(0, n, copy=False):
+            scratch_t = (
+                self.work.wide_buffer("scratch_t", k, self.work.block_rows(), dtype) if vs_t is not None else None
+            )
+            for rows, block in self.work.block_views(0, n, copy=False):
                 b = block.shape[0]
                 inner = scratch[:b]
                 if vs_t is not None:
@@ -292,7 +280,7 @@ class StreamingProducts:
                 else:
                     inner.copy_(w2[rows])
                 out.add_(_run_sums(block, inner, rows_per_sum, accumulate))
-            base._reduce(out)  # partial sums added across ranks in the accumulation dtype
+            self.reduce(out)  # partial sums added across ranks in the accumulation dtype
             if scale is not None:
                 out.mul_(scale.to(accumulate))
         return out.squeeze(-1) if vector else out
@@ -305,58 +293,57 @@ class StreamingProducts:
         ``n m^2`` flops of ``fused_matmul(eye(m))``, which also spends ``n m^2`` on the identity) and
         mirrored at the end. A sharded operator sums the ranks' partial products.
         """
-        n, m = self.shape_nm
-        base = self._view(transposed=False, batch_shape=())
-        scale = base._scale()
+        n, m = self.work.shape_nm
+        scale = self.work.scale()
         # panels narrow enough for the triangle to save work, wide enough for efficient GEMMs
         panel = max(256, -(-m // 8))
         with torch.no_grad():
-            out = torch.zeros(m, m, dtype=self.x1.dtype, device=self.x1.device)
-            for _, block in base._block_views(0, n, copy=False):
+            out = torch.zeros(m, m, dtype=self.work.x1.dtype, device=self.work.x1.device)
+            for _, block in self.work.block_views(0, n, copy=False):
                 for c in range(0, m, panel):
                     e = min(c + panel, m)
                     out[c:e, c:].addmm_(block[:, c:e].T, block[:, c:])
-            base._reduce(out)
+            self.reduce(out)
             upper = out.triu()
             out = upper + upper.triu(1).mT
             if scale is not None:
                 out.mul_(scale * scale)
         return out
 
-    def _fused_pass(self, v: Tensor, w: Tensor | None) -> Tensor:
+    def fused_pass(self, v: Tensor, w: Tensor | None) -> Tensor:
         """One pass of K^T (K v + w) without autograd (the per-block K v lands in a reused buffer)."""
-        _, m = self.shape_nm
+        _, m = self.work.shape_nm
         k = v.shape[1]
-        scale = self._scale()
+        scale = self.work.scale()
         with torch.no_grad():
             # fold the outputscale into v: one m x k product instead of one per block
             vs = v if scale is None else v * scale
             out = None
-            if use_fused(self, k):
-                out = self._reduce(cols_product(self, rows_product(self, vs, w), v.dtype).unsqueeze(1))
-            elif use_stored(self, k, vs, w):
-                out = self._reduce(stored_pass(self, vs, w, v.dtype))
-            elif use_native(self, k, vs, w):
-                out = self._reduce(native_pass(self, vs, w, v.dtype))
+            if use_fused(self.work, k):
+                out = self.reduce(cols_product(self.work, rows_product(self.work, vs, w), v.dtype).unsqueeze(1))
+            elif use_stored(self.work, k, vs, w):
+                out = self.reduce(stored_pass(self.work, vs, w, v.dtype))
+            elif use_native(self.work, k, vs, w):
+                out = self.reduce(native_pass(self.work, vs, w, v.dtype))
             if out is not None:
                 return out if scale is None else out.mul_(scale)
             if k > 1:
                 return self._fused_pass_columns(vs, w, scale)
             out = torch.zeros(m, k, dtype=v.dtype, device=v.device)
-            scratch = self._scratch(self.block_rows(), k)
-            for rows, block in self._block_views(0, self.shape_nm[0], copy=False):
+            scratch = self.work.scratch(self.work.block_rows(), k)
+            for rows, block in self.work.block_views(0, self.work.shape_nm[0], copy=False):
                 inner = scratch[: block.shape[0]]
                 torch.mm(block, vs, out=inner)
                 if w is not None:
                     inner.add_(w[rows])
                 out.addmm_(block.T, inner)
-            self._reduce(out)
+            self.reduce(out)
             if scale is not None:
                 out.mul_(scale)
         return out
 
     def _fused_pass_columns(self, vs: Tensor, w: Tensor | None, scale: Tensor | None) -> Tensor:
-        """:meth:`_fused_pass` for ``k > 1`` columns, in the transposed orientation.
+        """:meth:`fused_pass` for ``k > 1`` columns, in the transposed orientation.
 
         ``(K v)^T = v^T K^T`` and ``(K^T u)^T = u^T K`` read each row-major block as one wide GEMM
         operand, where ``block.T @ inner`` with ``k > 1`` ran at a fifth of the memory rate with MKL: one
@@ -367,15 +354,15 @@ class StreamingProducts:
         m, k = vs.shape
         vs_t = vs.mT.contiguous()
         out_t = torch.zeros(k, m, dtype=vs.dtype, device=vs.device)
-        scratch = self._wide_buffer("scratch_t", k, self.block_rows(), vs.dtype)
-        for rows, block in self._block_views(0, self.shape_nm[0], copy=False):
+        scratch = self.work.wide_buffer("scratch_t", k, self.work.block_rows(), vs.dtype)
+        for rows, block in self.work.block_views(0, self.work.shape_nm[0], copy=False):
             inner_t = scratch[:, : block.shape[0]]
             torch.mm(vs_t, block.mT, out=inner_t)
             if w is not None:
                 inner_t.add_(w[rows].mT)
             out_t.addmm_(inner_t, block)
         out = out_t.mT.contiguous()
-        self._reduce(out)
+        self.reduce(out)
         if scale is not None:
             out.mul_(scale)
         return out
