@@ -66,9 +66,12 @@ class RecipeChoice:
     solver, solver_options:
         The solver plugin name and its options (validated by the plan like a user's).
     n_centers:
-        Centers for solvers or objectives that use them.
+        Centers for solvers or objectives that use them (the user's ``n_centers`` wins).
     learn, learn_options:
-        The objective plugin name and the learning options (``learn_auto`` only).
+        The objective plugin name and the learning options (``learn_auto`` only). The options are
+        suggestions (:func:`kgp.resolve_options`): the user's ``learn_options`` override them, and one
+        that a user's value makes inapplicable (``polish_iterations`` under the user's L-BFGS, a
+        ``refine_subset`` no larger than the user's ``subset``) is switched off, not an error.
     reasons:
         One line per chosen value, e.g. ``{"solver": "n = 32,000 > 20,000: exact needs 8.2 GB"}``.
     """

@@ -119,52 +119,11 @@ def refit_scale_and_noise(
     size = min(rows, n)
     check_dense_size(size, X.element_size(), f"learn_options['refit_subset']={rows}", X.device)
     idx = torch.randperm(n, generator=generator)[:size].to(X.device)
-    with torch.no_grad():
-        base = scaled.base_kernel if scaled is not None else kernel
-        K0 = kernel_operator(base, X[idx]).to_dense()
-        lam, U = torch.linalg.eigh(0.5 * (K0 + K0.mT))
-        lam = lam.clamp_min(0.0).double()
-        r2 = (U.mT @ (Y[idx] - mean)).double().square().sum(1)
-    k = Y.shape[1]
-    count = size * k
+    spectrum = _Spectrum.of(scaled.base_kernel if scaled is not None else kernel, X[idx], Y[idx] - mean)
     c0 = float(scaled.outputscale.detach()) if scaled is not None else 1.0
-
-    def nll(c: float, s2: float) -> float:
-        d = c * lam + s2
-        return float(0.5 * (k * torch.log(d).sum() + (r2 / d).sum())) / count
-
-    before = nll(c0, noise)
-
-    def scale_for(s2: float) -> float:  # the best outputscale at a fixed noise
-        return math.exp(_minimise(lambda lc: nll(math.exp(lc), s2), math.log(c0) - 30, math.log(c0) + 30))
-
-    c1, s1 = c0, noise
-    if scaled is not None and learn_noise:
-        top = float(lam.max()) if float(lam.max()) > 0 else 1.0
-
-        def best_scale(tau: float) -> float:
-            return float((r2 / (lam + tau)).sum()) / count
-
-        def profiled(log_tau: float) -> float:
-            tau = math.exp(log_tau)
-            c = best_scale(tau)
-            return nll(c, c * tau) if c > 0 else math.inf
-
-        tau = math.exp(_minimise(profiled, math.log(top * 1e-12), math.log(top * 1e6)))
-        c1 = best_scale(tau)
-        s1 = c1 * tau
-        if s1 < min_noise:
-            s1 = min_noise
-            c1 = scale_for(s1)
-            _warn_bound(min_noise)
-    elif scaled is not None:  # the noise is fixed by the user
-        c1 = scale_for(noise)
-    else:
-        top = max(float(lam.max()), min_noise)
-        s1 = math.exp(_minimise(lambda ls: nll(1.0, math.exp(ls)), math.log(min_noise), math.log(top * 1e6)))
-        if s1 <= min_noise * (1 + 1e-6):
-            _warn_bound(min_noise)
-    after = nll(c1, s1)
+    before = spectrum.nll(c0, noise)
+    c1, s1 = spectrum.optimum(c0, noise, min_noise, has_scale=scaled is not None, learn_noise=learn_noise)
+    after = spectrum.nll(c1, s1)
     if not after <= before:  # never worse than the learned values on the same rows
         c1, s1, after = c0, noise, before
     if scaled is not None:
@@ -178,6 +137,72 @@ def refit_scale_and_noise(
         nll_per_point=(before, after),
     )
     return float(s1), result
+
+
+@dataclass
+class _Spectrum:
+    """The subset's likelihood as a function of the outputscale c and the noise s2 (module docstring).
+
+    ``lam``: eigenvalues of the unscaled ``s x s`` kernel matrix; ``r2``: squared projections of the
+    centred targets on its eigenvectors, summed over the k outputs.
+    """
+
+    lam: Tensor
+    r2: Tensor
+    k: int
+
+    @classmethod
+    def of(cls, base: gpytorch.kernels.Kernel, X: Tensor, R: Tensor) -> _Spectrum:
+        with torch.no_grad():
+            K0 = kernel_operator(base, X).to_dense()
+            lam, U = torch.linalg.eigh(0.5 * (K0 + K0.mT))
+            lam = lam.clamp_min(0.0).double()
+            r2 = (U.mT @ R).double().square().sum(1)
+        return cls(lam, r2, R.shape[1])
+
+    @property
+    def count(self) -> int:
+        return self.lam.shape[0] * self.k
+
+    def nll(self, c: float, s2: float) -> float:
+        """Negative log likelihood per (row, output) term, without the constant."""
+        d = c * self.lam + s2
+        return float(0.5 * (self.k * torch.log(d).sum() + (self.r2 / d).sum())) / self.count
+
+    def scale_for(self, s2: float, c0: float) -> float:
+        """The best outputscale at a fixed noise (searched over ``c0 e^{+-30}``)."""
+        return math.exp(_minimise(lambda lc: self.nll(math.exp(lc), s2), math.log(c0) - 30, math.log(c0) + 30))
+
+    def optimum(self, c0: float, noise: float, min_noise: float, *, has_scale: bool, learn_noise: bool):
+        """``(c, s2)`` minimising :meth:`nll`: both (profiled over ``tau = s2 / c``), c alone, or s2 alone."""
+        lam, r2 = self.lam, self.r2
+        c1, s1 = c0, noise
+        if has_scale and learn_noise:
+            top = float(lam.max()) if float(lam.max()) > 0 else 1.0
+
+            def best_scale(tau: float) -> float:
+                return float((r2 / (lam + tau)).sum()) / self.count
+
+            def profiled(log_tau: float) -> float:
+                tau = math.exp(log_tau)
+                c = best_scale(tau)
+                return self.nll(c, c * tau) if c > 0 else math.inf
+
+            tau = math.exp(_minimise(profiled, math.log(top * 1e-12), math.log(top * 1e6)))
+            c1 = best_scale(tau)
+            s1 = c1 * tau
+            if s1 < min_noise:
+                s1 = min_noise
+                c1 = self.scale_for(s1, c0)
+                _warn_bound(min_noise)
+        elif has_scale:  # the noise is fixed by the user
+            c1 = self.scale_for(noise, c0)
+        else:
+            top = max(float(lam.max()), min_noise)
+            s1 = math.exp(_minimise(lambda ls: self.nll(1.0, math.exp(ls)), math.log(min_noise), math.log(top * 1e6)))
+            if s1 <= min_noise * (1 + 1e-6):
+                _warn_bound(min_noise)
+        return c1, s1
 
 
 def _minimise(f: Callable[[float], float], lo: float, hi: float) -> float:

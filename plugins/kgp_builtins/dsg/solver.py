@@ -63,10 +63,11 @@ rate in the shifted clock, unchanged. ``t0 = 0`` gives the paper's schedule exac
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
+from torch import Tensor
 
 import kgp
 from kgp.linalg import largest_eigenvalue
@@ -183,27 +184,59 @@ class DSGSolver:
     def _run(
         self, problem: Problem, previous: RandomFeatureExpansion | None, opts: Mapping[str, Any], passes: int | None
     ) -> RandomFeatureExpansion:
-        X, Y = problem.X, problem.y
-        if not X.is_floating_point():
-            raise TypeError(f"X: expected a floating-point tensor, got {X.dtype}")
-        # n: rows of the global problem; the step loop draws global batches and each rank works on the
-        # rows it holds (n_here), summing the normal-equation sums, gradients and losses (_Sums)
-        n, k, n_here = problem.n, problem.n_outputs, problem.n_local
-        sums = Sums(problem.shard)
+        """Algorithm 1 in labelled phases (:class:`_Run`): settings, schedule, state, steps, final checks."""
+        if not problem.X.is_floating_point():
+            raise TypeError(f"X: expected a floating-point tensor, got {problem.X.dtype}")
         if problem.shard is not None and previous is not None:
             raise ValueError(f"{_OWNER}: partial_fit is not distributed; continue the model on one process")
-        sampler = spectral_sampler(problem.kernel)
+        run = _Run(problem, opts, spectral_sampler(problem.kernel))
+        run.settle(previous, passes)
+        run.schedule(lambda: self._gamma_max(problem, run.sampler, run.m, run.r))
+        run.start(previous)
+        run.steps()
+        if not run.stopped:
+            run.finish(lambda: self._isolated(problem, run.sampler, run.sums))
+        return run.expansion()
+
+
+class _Run:
+    """One run of Algorithm 1 over explicit state, in the order its phases run.
+
+    :meth:`settle` (the update rule, features per step, batch, passes, the continuation of a previous
+    model), :meth:`schedule` (the random-feature map, ``nu`` and the step-size schedule), :meth:`start`
+    (coefficients, the cached predictions, the loss trace), :meth:`steps` (the step loop: one block of
+    features per step, by :meth:`_least_squares_step` or :meth:`_gradient_step`), :meth:`finish` (the
+    convergence and off-data noise checks).
+
+    Coefficients are ``a_i = S * C[i - 1]``, ``S`` the global product of the ``(1 - gamma_t nu)`` shrinks;
+    with the cache, ``f_t(X) = S * F``. In a distributed fit ``n`` counts the rows of the global problem;
+    the step loop draws global batches and each rank works on the rows it holds (``n_here``), summing the
+    normal-equation sums, gradients and losses (:class:`.reductions.Sums`).
+    """
+
+    def __init__(self, problem: Problem, opts: Mapping[str, Any], sampler: SpectralSampler) -> None:
+        self.problem, self.opts, self.sampler = problem, opts, sampler
+        self.X, self.Y = problem.X, problem.y
+        self.n, self.k, self.n_here = problem.n, problem.n_outputs, problem.n_local
+        self.sums = Sums(problem.shard)
+        self.stopped = False
+
+    # ------------------------------------------------------------------ phases
+    def settle(self, previous: RandomFeatureExpansion | None, passes: int | None) -> None:
+        """The update rule, ``r`` features per step, ``m`` points per batch, the passes and the continuation."""
+        opts, n, k = self.opts, self.n, self.k
         update = opts["update"]
         if previous is not None:
             update = previous.schedule.get("update", "gradient")
-            if opts["update"] != update and problem.options.get("update") is not None:
+            if opts["update"] != update and self.problem.options.get("update") is not None:
                 raise InvalidOptionError(
                     f"{_OWNER} option 'update': expected {update!r} (the update of the model being continued), "
                     f"got {opts['update']!r}"
                 )
-        least_squares = update == "least_squares"
-        r = opts["features_per_step"] or (LS_FEATURES if least_squares else GRADIENT_FEATURES)
-        m = min(opts["batch_size"] or (n if least_squares else GRADIENT_BATCH), n)
+        self.update = update
+        self.least_squares = least_squares = update == "least_squares"
+        self.r = r = opts["features_per_step"] or (LS_FEATURES if least_squares else GRADIENT_FEATURES)
+        self.m = m = min(opts["batch_size"] or (n if least_squares else GRADIENT_BATCH), n)
         if passes is None:
             # least_squares: D = 20 min(n, 5000) features in all, one step per pass with m = n
             # (docs/solvers/dsg.md, "Defaults"); gradient: a fixed 10 passes.
@@ -216,179 +249,218 @@ class DSGSolver:
                 )
             if previous.coef.shape[2] != k:
                 raise ValueError(f"y: expected {previous.coef.shape[2]} outputs like the previous chunks, got {k}")
-            seed = previous.seed
-            t_prev = previous.n_steps
-            sched = dict(previous.schedule)
-            n_seen = int(sched.get("n_seen", 0)) + n
-            gamma_max = sched.get("gamma_max") if opts["gamma_max"] is None else opts["gamma_max"]
-            shift = previous.shift
+            self.seed = previous.seed
+            self.t_prev = previous.n_steps
+            self.n_seen = int(previous.schedule.get("n_seen", 0)) + n
+            self.gamma_max = previous.schedule.get("gamma_max") if opts["gamma_max"] is None else opts["gamma_max"]
+            self.shift = previous.shift
         else:
             seed = opts["seed"]
             if seed is None:
-                seed = int(torch.randint(0, 2**62, (1,), generator=problem.generator))
-            t_prev = 0
-            n_seen = n
-            gamma_max = opts["gamma_max"]
+                seed = int(torch.randint(0, 2**62, (1,), generator=self.problem.generator))
+            self.seed = seed
+            self.t_prev = 0
+            self.n_seen = n
+            self.gamma_max = opts["gamma_max"]
             # Centre the inputs: phases omega^T (x - mean) stay small (rounding, float32; checks.py).
-            shift = sums.tensor(X.detach().to(torch.float64).sum(0)).div_(n) if n else None
-        steps_per_pass = math.ceil(n / m)
-        n_new = passes * steps_per_pass
+            self.shift = self.sums.tensor(self.X.detach().to(torch.float64).sum(0)).div_(n) if n else None
+        self.steps_per_pass = math.ceil(n / m)
+        n_new = passes * self.steps_per_pass
         if opts["max_steps"] is not None:
             n_new = min(n_new, opts["max_steps"])
-        nu = opts["nu"] if opts["nu"] is not None else problem.noise / n_seen
-        fmap = RandomFeatureMap(problem.kernel, seed, r, t_prev + n_new, shift)
-        U = scaled_inputs_checked(fmap, sampler, X)
-        if least_squares:
-            rho = opts["ridge"] if opts["ridge"] is not None else nu * (t_prev + n_new)
-            schedule = {"update": update, "nu": nu, "ridge": rho, "n_seen": n_seen}
-            theta = t0 = 0.0
+        self.n_new = n_new
+
+    def schedule(self, gamma_max: Callable[[], float]) -> None:
+        """The random-feature map and scaled inputs, ``nu``, and the step-size schedule (``gamma_max()`` on demand)."""
+        opts = self.opts
+        self.nu = nu = opts["nu"] if opts["nu"] is not None else self.problem.noise / self.n_seen
+        total = self.t_prev + self.n_new
+        self.fmap = RandomFeatureMap(self.problem.kernel, self.seed, self.r, total, self.shift)
+        self.U = scaled_inputs_checked(self.fmap, self.sampler, self.X)
+        if self.least_squares:
+            self.rho = opts["ridge"] if opts["ridge"] is not None else nu * total
+            self.schedule_record = {"update": self.update, "nu": nu, "ridge": self.rho, "n_seen": self.n_seen}
+            self.theta = self.t0 = 0.0
         else:
-            if gamma_max is None:
-                gamma_max = self._gamma_max(problem, sampler, m, r)
-            theta = opts["theta"] if opts["theta"] is not None else 1.0 / nu
-            t0 = max(0.0, theta / gamma_max - 1.0) if opts["t0"] is None else opts["t0"]
-            schedule = {"update": update, "nu": nu, "theta": theta, "t0": t0, "gamma_max": gamma_max, "n_seen": n_seen}
-        report_every = opts["report_every"] or steps_per_pass
+            if self.gamma_max is None:
+                self.gamma_max = gamma_max()
+            self.theta = opts["theta"] if opts["theta"] is not None else 1.0 / nu
+            self.t0 = max(0.0, self.theta / self.gamma_max - 1.0) if opts["t0"] is None else opts["t0"]
+            self.schedule_record = {
+                "update": self.update,
+                "nu": nu,
+                "theta": self.theta,
+                "t0": self.t0,
+                "gamma_max": self.gamma_max,
+                "n_seen": self.n_seen,
+            }
+        self.report_every = opts["report_every"] or self.steps_per_pass
 
-        # Coefficients a_i = S * C[i - 1]; S is the global product of the (1 - gamma_t nu) shrinks.
-        C = torch.zeros(t_prev + n_new, r, k, dtype=X.dtype, device=X.device)
+    def start(self, previous: RandomFeatureExpansion | None) -> None:
+        """Coefficients (the previous model's first), the training predictions' cache, the monitor, the loss trace."""
+        X, Y, n, k, t_prev, n_new = self.X, self.Y, self.n, self.k, self.t_prev, self.n_new
+        self.C = torch.zeros(t_prev + n_new, self.r, k, dtype=X.dtype, device=X.device)
         if previous is not None:
-            C[:t_prev] = previous.coef.to(C)
-        S = 1.0
-
-        mode = opts["train_predictions"]
-        if least_squares:
+            self.C[:t_prev] = previous.coef.to(self.C)
+        self.S = 1.0
+        mode = self.opts["train_predictions"]
+        if self.least_squares:
             mode = "cache"  # the residual on the batch is needed at every step; f_t on X costs O(n k)
         elif mode == "auto":
             cache_cost = n * (t_prev + n_new)
-            recompute_cost = m * n_new * (t_prev + n_new / 2)
+            recompute_cost = self.m * n_new * (t_prev + n_new / 2)
             mode = "cache" if cache_cost <= recompute_cost else "recompute"
-        F = None  # with the cache, f_t(X) = S * F
+        self.F = None
         if mode == "cache":
-            F = fmap.apply(X, C[:t_prev]) if t_prev else torch.zeros(n_here, k, dtype=X.dtype, device=X.device)
-
-        amp = math.sqrt(2.0 * sampler.outputscale / r)
-        d = X.shape[1]
-        monitor = problem.monitor
-        monitor.start(total=math.ceil(n_new / report_every), desc="dsg")
-        y_sq = sums.floats(float(Y.double().square().sum()))[0] / (n * k) if n * k else 0.0
-        if least_squares:
+            zeros = torch.zeros(self.n_here, k, dtype=X.dtype, device=X.device)
+            self.F = self.fmap.apply(X, self.C[:t_prev]) if t_prev else zeros
+        self.amp = math.sqrt(2.0 * self.sampler.outputscale / self.r)
+        self.monitor = self.problem.monitor
+        self.monitor.start(total=math.ceil(n_new / self.report_every), desc="dsg")
+        self.y_sq = self.sums.floats(float(Y.double().square().sum()))[0] / (n * k) if n * k else 0.0
+        if self.least_squares:
             remedy = "pass float64 inputs or a larger 'ridge' option"
         else:
             remedy = "lower the option gamma_max or theta, or use update='least_squares' (the default)"
-        trace = LossTrace(y_sq, monotone=least_squares and m == n, remedy=remedy)
-        if F is not None and t_prev:
-            trace.initial = max(trace.initial, float((F.double() - Y.double()).square().mean()))
+        self.trace = LossTrace(self.y_sq, monotone=self.least_squares and self.m == n, remedy=remedy)
+        if self.F is not None and t_prev:
+            self.trace.initial = max(self.trace.initial, float((self.F.double() - Y.double()).square().mean()))
+        self.mid_report = max(1, math.ceil(n_new / self.report_every) // 2)  # f on X is copied there
+        self.F_mid = None
+        self.t, self.done = t_prev, 0
+        self.sq_sum, self.count = 0.0, 0
 
-        def snapshot(t_done: int) -> RandomFeatureExpansion:
-            return RandomFeatureExpansion(problem.kernel, C[:t_done] * S, seed, schedule, shift)
-
-        n_reports = math.ceil(n_new / report_every)
-        mid_report = max(1, n_reports // 2)  # f on X is copied here for the convergence check
-        F_mid = None
-        t = t_prev
-        done = 0
-        sq_sum, count = 0.0, 0
-        stopped = False
+    def steps(self) -> None:
+        """The step loop: a fresh permutation per pass, one batch and one block of features per step."""
+        n, m, d = self.n, self.m, self.X.shape[1]
         with torch.no_grad():
-            while done < n_new and not stopped:
-                perm = torch.randperm(n, generator=problem.generator).to(X.device)
+            while self.done < self.n_new and not self.stopped:
+                perm = torch.randperm(n, generator=self.problem.generator).to(self.X.device)
                 for start in range(0, n, m):
-                    if done >= n_new:
+                    if self.done >= self.n_new:
                         break
-                    t += 1
-                    done += 1
+                    self.t += 1
+                    self.done += 1
                     idx = perm[start : start + m]
                     batch = idx.numel()
                     full = batch == n
                     # the batch positions of this rank's rows, and their rows in X (all of X when full)
-                    positions, idx = sums.batch(idx, full)
-                    z, b = fmap.frequencies(sampler, range(t, t + 1), d, X)
-                    if least_squares:
-                        Phi_all = torch.addmm(b, U, z).cos_().mul_(amp)  # phi_t on every training point
-                        Phi_b = Phi_all if full else Phi_all[idx]
-                        resid = Y - F if full else Y[idx] - F[idx]
-                        a, _ = solve_block(
-                            Phi_b,
-                            resid,
-                            rho,
-                            opts["gram_rows"],
-                            problem.generator,
-                            t,
-                            batch_size=batch,
-                            positions=positions,
-                            reduce=sums.tensor,
-                        )
-                        if opts["shrink"] != 1.0:
-                            a.mul_(opts["shrink"])
-                        C[t - 1] = a.to(C.dtype)
-                        trace.check_coefficients(C[t - 1], t)
-                        F.addmm_(Phi_all, C[t - 1])
-                        gamma = 1.0
-                        if not full:
-                            sq_sum += float(resid.double().square().sum())
-                            count += resid.numel()
+                    positions, idx = self.sums.batch(idx, full)
+                    z, b = self.fmap.frequencies(self.sampler, range(self.t, self.t + 1), d, self.X)
+                    if self.least_squares:
+                        gamma = self._least_squares_step(idx, batch, full, positions, z, b)
                     else:
-                        gamma = theta / (t + t0)
-                        if F is not None:
-                            Phi_all = torch.addmm(b, U, z).cos_().mul_(amp)  # phi_t on every training point
-                            Phi_b = Phi_all[idx]
-                            f_b = F[idx] * S
-                        else:
-                            Phi_all = None
-                            Phi_b = torch.addmm(b, U[idx], z).cos_().mul_(amp)
-                            f_b = fmap.apply(X[idx], C[: t - 1]) * S if t > 1 else torch.zeros_like(Y[idx])
-                        resid = f_b - Y[idx]  # l'(f(x), y) = f(x) - y for l = (f - y)^2 / 2
-                        sq_sum += float(resid.double().square().sum())
-                        count += resid.numel()
-                        grad = sums.tensor(Phi_b.T @ resid) / batch  # r x k: the batch mean of l' phi_t(x_j)
-                        shrink = 1.0 - gamma * nu
-                        S *= shrink
-                        if S == 0.0 or abs(S) < 1e-8:  # fold the scale in (rare: S decays like (t0 / t)^(theta nu))
-                            C[: t - 1].mul_(S)
-                            if F is not None:
-                                F.mul_(S)
-                            S = 1.0
-                        C[t - 1] = grad * (-gamma / S)
-                        trace.check_coefficients(C[t - 1], t)
-                        if F is not None:
-                            F.addmm_(Phi_all, C[t - 1])
-                    if done % report_every == 0 or done == n_new:
-                        if least_squares and m == n:
-                            # exact training loss
-                            loss = sums.floats(float((F.double() - Y.double()).square().sum()))[0] / (n * k)
-                        else:
-                            sq_sum, count = sums.floats(sq_sum, count)
-                            loss = sq_sum / max(count, 1)  # running minibatch loss since the last report
-                        trace.add(loss, t)
-                        if F is not None and math.ceil(done / report_every) == mid_report:
-                            F_mid = F.double() * S
-                        stopped = monitor.step(
-                            math.ceil(done / report_every),
-                            (lambda t_done=t: snapshot(t_done)) if monitor.wants_predictor else None,
-                            step=t,
-                            n_features=t * r,
-                            gamma=gamma,
-                            train_mse=loss,
-                        )
-                        sq_sum, count = 0.0, 0
-                        if stopped:
+                        gamma = self._gradient_step(idx, batch, z, b)
+                    if self.done % self.report_every == 0 or self.done == self.n_new:
+                        self.stopped = self._report(gamma)
+                        if self.stopped:
                             break
-        if not stopped:
-            moved = None
-            if least_squares and F_mid is not None:
-                # The movement of f on X; gradient runs keep the loss criterion, since their minibatch
-                # noise moves f by O(gamma) at every step even at the optimum.
-                F_end = F.double() * S
-                diff_sq, end_sq = sums.floats(float((F_end - F_mid).square().sum()), float(F_end.square().sum()))
-                moved = math.sqrt(diff_sq) / max(math.sqrt(end_sq), 1e-300)
-            more = " or features_per_step" if least_squares else " or use the default update"
-            schedule["moved"] = trace.finish(
-                what=f"the run of {done} steps ({t * r} features)", remedy="raise the option passes" + more, moved=moved
-            )
-            if n and y_sq > 0:
-                isolated = self._isolated(problem, sampler, sums)
-                noise, score = off_data_noise(C[:t] * S, sampler.outputscale, y_sq, isolated)
-                schedule.update(off_data_noise=noise, isolated=isolated, off_data_score=score)
-                warn_if_noisy_off_data(noise, score, isolated, y_sq, least_squares=least_squares)
-        return RandomFeatureExpansion(problem.kernel, C[:t] * S, seed, schedule, shift)
+
+    def finish(self, isolated: Callable[[], float]) -> None:
+        """After a run not stopped by the caller: the convergence check and the off-data noise check."""
+        moved = None
+        if self.least_squares and self.F_mid is not None:
+            # The movement of f on X; gradient runs keep the loss criterion, since their minibatch
+            # noise moves f by O(gamma) at every step even at the optimum.
+            F_end = self.F.double() * self.S
+            diff_sq, end_sq = self.sums.floats(float((F_end - self.F_mid).square().sum()), float(F_end.square().sum()))
+            moved = math.sqrt(diff_sq) / max(math.sqrt(end_sq), 1e-300)
+        more = " or features_per_step" if self.least_squares else " or use the default update"
+        self.schedule_record["moved"] = self.trace.finish(
+            what=f"the run of {self.done} steps ({self.t * self.r} features)",
+            remedy="raise the option passes" + more,
+            moved=moved,
+        )
+        if self.n and self.y_sq > 0:
+            fraction = isolated()
+            noise, score = off_data_noise(self.C[: self.t] * self.S, self.sampler.outputscale, self.y_sq, fraction)
+            self.schedule_record.update(off_data_noise=noise, isolated=fraction, off_data_score=score)
+            warn_if_noisy_off_data(noise, score, fraction, self.y_sq, least_squares=self.least_squares)
+
+    def expansion(self, t_done: int | None = None) -> RandomFeatureExpansion:
+        """The model after ``t_done`` steps (default: all steps run)."""
+        t_done = self.t if t_done is None else t_done
+        return RandomFeatureExpansion(
+            self.problem.kernel, self.C[:t_done] * self.S, self.seed, self.schedule_record, self.shift
+        )
+
+    # ------------------------------------------------------------------ one step
+    def _least_squares_step(self, idx: Tensor, batch: int, full: bool, positions: Any, z: Tensor, b: Tensor) -> float:
+        """Block t's ridge fit of the residual on the batch (:func:`.least_squares.solve_block`)."""
+        t, C, F, Y = self.t, self.C, self.F, self.Y
+        Phi_all = torch.addmm(b, self.U, z).cos_().mul_(self.amp)  # phi_t on every training point
+        Phi_b = Phi_all if full else Phi_all[idx]
+        resid = Y - F if full else Y[idx] - F[idx]
+        a, _ = solve_block(
+            Phi_b,
+            resid,
+            self.rho,
+            self.opts["gram_rows"],
+            self.problem.generator,
+            t,
+            batch_size=batch,
+            positions=positions,
+            reduce=self.sums.tensor,
+        )
+        if self.opts["shrink"] != 1.0:
+            a.mul_(self.opts["shrink"])
+        C[t - 1] = a.to(C.dtype)
+        self.trace.check_coefficients(C[t - 1], t)
+        F.addmm_(Phi_all, C[t - 1])
+        if not full:
+            self.sq_sum += float(resid.double().square().sum())
+            self.count += resid.numel()
+        return 1.0
+
+    def _gradient_step(self, idx: Tensor, batch: int, z: Tensor, b: Tensor) -> float:
+        """Eq. 6: shrink every earlier block by ``1 - gamma_t nu`` (in ``S``) and append the gradient block."""
+        t, C, F, X, Y = self.t, self.C, self.F, self.X, self.Y
+        gamma = self.theta / (t + self.t0)
+        if F is not None:
+            Phi_all = torch.addmm(b, self.U, z).cos_().mul_(self.amp)  # phi_t on every training point
+            Phi_b = Phi_all[idx]
+            f_b = F[idx] * self.S
+        else:
+            Phi_all = None
+            Phi_b = torch.addmm(b, self.U[idx], z).cos_().mul_(self.amp)
+            f_b = self.fmap.apply(X[idx], C[: t - 1]) * self.S if t > 1 else torch.zeros_like(Y[idx])
+        resid = f_b - Y[idx]  # l'(f(x), y) = f(x) - y for l = (f - y)^2 / 2
+        self.sq_sum += float(resid.double().square().sum())
+        self.count += resid.numel()
+        grad = self.sums.tensor(Phi_b.T @ resid) / batch  # r x k: the batch mean of l' phi_t(x_j)
+        shrink = 1.0 - gamma * self.nu
+        self.S *= shrink
+        if self.S == 0.0 or abs(self.S) < 1e-8:  # fold the scale in (rare: S decays like (t0 / t)^(theta nu))
+            C[: t - 1].mul_(self.S)
+            if F is not None:
+                F.mul_(self.S)
+            self.S = 1.0
+        C[t - 1] = grad * (-gamma / self.S)
+        self.trace.check_coefficients(C[t - 1], t)
+        if F is not None:
+            F.addmm_(Phi_all, C[t - 1])
+        return gamma
+
+    def _report(self, gamma: float) -> bool:
+        """The training loss since the last report, to the loss trace and the monitor; whether to stop."""
+        n, k, Y, F = self.n, self.k, self.Y, self.F
+        if self.least_squares and self.m == n:
+            # exact training loss
+            loss = self.sums.floats(float((F.double() - Y.double()).square().sum()))[0] / (n * k)
+        else:
+            self.sq_sum, self.count = self.sums.floats(self.sq_sum, self.count)
+            loss = self.sq_sum / max(self.count, 1)  # running minibatch loss since the last report
+        self.trace.add(loss, self.t)
+        report = math.ceil(self.done / self.report_every)
+        if F is not None and report == self.mid_report:
+            self.F_mid = F.double() * self.S
+        stop = self.monitor.step(
+            report,
+            (lambda t_done=self.t: self.expansion(t_done)) if self.monitor.wants_predictor else None,
+            step=self.t,
+            n_features=self.t * self.r,
+            gamma=gamma,
+            train_mse=loss,
+        )
+        self.sq_sum, self.count = 0.0, 0
+        return stop

@@ -20,6 +20,9 @@ fixed point of the paper's ordering of preconditioner and projection (``correcti
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -72,6 +75,46 @@ def _paper_correction_sum(kop: KernelOpFactory, Xb: Tensor, g: Tensor, pre) -> T
     return pre.E.T @ ks
 
 
+@dataclass(frozen=True)
+class _Sizes:
+    """The preconditioner's subsample and rank, the projection and (``eigenpro2`` only) its own sizes."""
+
+    s: int
+    q: int
+    projection: str
+    s2: int | None
+    q2: int | None
+
+
+@dataclass
+class _Run:
+    """What the setup decided, read by the epochs: the centers and targets, the preconditioner ``pre``
+    (with ``ZE = K(Z, X_s) E``), the projection, the curvature (``beta``, ``lam_top``, the whitened
+    correction ``U``), the batch size and step rule, the kept whitened features (or None)."""
+
+    Z: Tensor
+    y: Tensor
+    rows: Rows
+    n: int
+    s: int
+    sigma2: float
+    pre: Any
+    ZE: Tensor
+    proj: CholeskyProjection | EigenPro2Projection
+    whitened: bool
+    U: Tensor | None
+    beta: float
+    lam_top: float
+    batch: int
+    step: Callable[[int], float]
+    features: Tensor | None
+    setup_time: float
+
+    def coefficients(self, iterate: Tensor) -> Tensor:
+        """alpha from the averaged iterate (``alpha = L^{-T} b`` when the features are kept)."""
+        return self.proj.factor.solve(iterate, transpose=True) if self.features is not None else iterate
+
+
 class EigenPro3Solver:
     """EigenPro 3.0 (Algorithm 2): projected preconditioned SGD with centers decoupled from the data.
 
@@ -94,17 +137,29 @@ class EigenPro3Solver:
         return check_options(f"solver {self.name!r}", options, projection=True)
 
     def fit(self, problem: Problem) -> KernelExpansion:
+        """Algorithm 2 in labelled phases: sizes (:meth:`_sizes`), setup (:meth:`_setup`), epochs (:meth:`_epochs`)."""
         owner = f"solver {self.name!r}"
-        opts = problem.options  # resolved by the core: validated, cross-checked, defaults filled in
-        average_epochs = opts["average_epochs"]
         if problem.centers is None:
             raise ValueError("solver 'eigenpro' needs centers (problem.centers is None)")
         Z = problem.centers.points
         if Z.dim() != 2 or Z.shape[1] != problem.X.shape[1]:
             raise ValueError(f"eigenpro: centers must be (p, {problem.X.shape[1]}), got {tuple(Z.shape)}")
         Z = Z.to(device=problem.device, dtype=problem.dtype)
-        X, y = problem.X, checked_targets(problem)
+        y = checked_targets(problem)
         rows = Rows(problem)
+        sizes = self._sizes(owner, problem, rows, Z, y)
+        # Started before the setup so that the reported elapsed times include it (as wall time).
+        problem.monitor.start(total=problem.options["epochs"], desc=self.name)
+        with torch.no_grad():
+            run = self._setup(owner, problem, rows, Z, y, sizes)
+            average = self._epochs(problem, run)
+        return KernelExpansion(problem.kernel, Z, run.coefficients(average.current()))
+
+    # ------------------------------------------------------------------ phases
+    @staticmethod
+    def _sizes(owner: str, problem: Problem, rows: Rows, Z: Tensor, y: Tensor) -> _Sizes:
+        """The preconditioner's subsample ``s`` and rank ``q``, the projection and its own sizes; sizes checked."""
+        opts = problem.options  # resolved by the core: validated, cross-checked, defaults filled in
         n, p = rows.n, Z.shape[0]
         s, q = resolve_subsample(
             owner, n, opts["subsample_size"], opts["q"], model_spans_points=p >= n, device=problem.device
@@ -127,169 +182,183 @@ class EigenPro3Solver:
                 device=problem.device,
             )
         check_center_sizes(owner, problem, p, q, projection, opts["epochs"], y.shape[1])
+        return _Sizes(s, q, projection, s2, q2)
+
+    def _setup(self, owner: str, problem: Problem, rows: Rows, Z: Tensor, y: Tensor, sizes: _Sizes) -> _Run:
+        """The preconditioner, the projection, the curvature, the batch size and step, the kept features."""
+        opts, X, gen, kop = problem.options, problem.X, problem.generator, problem.kernel_operator
+        n, p, s, q, projection = rows.n, Z.shape[0], sizes.s, sizes.q, sizes.projection
         sigma2 = float(problem.noise) if opts["regularization"] == "ridge" else 0.0
-        gen = problem.generator
-        kop = problem.kernel_operator
-
-        monitor = problem.monitor
-        # Started before the setup so that the reported elapsed times include it (as wall time).
-        monitor.start(total=opts["epochs"], desc=self.name)
-        with torch.no_grad():
-            setup_start = time.perf_counter()
-            # held-out blocks K(Z, H) (p x h) and K(H, X_s) within the memory budget
-            h = min(s, block_rows(max(p, s), X.device))
-            idx_s, idx_h, exact = draw_subsamples(n, s, h, gen, X.device, exact_cols=max(n, p))
-            points, idx_s, idx_h = rows.sample(idx_s, idx_h, exact)
-            pre, _, _ = nystrom_preconditioner(kop, points, idx_s, idx_h, exact, q, sigma2, white_noise=False, n=n)
-            H = points[idx_h]
-            # ZE = K(Z, X_s) E (p x q): the paper's C = K(Z, X_s) Q_s kept in factored form, O(p q).
-            ZE = kop(Z, pre.points) @ pre.E if pre.q > 0 else Z.new_zeros(p, 0)
-            proj = (
-                CholeskyProjection(kop, Z)
-                if projection == "cholesky"
-                else EigenPro2Projection(kop, Z, s2, q2, opts["projection_epochs"], gen)
+        setup_start = time.perf_counter()
+        # held-out blocks K(Z, H) (p x h) and K(H, X_s) within the memory budget
+        h = min(s, block_rows(max(p, s), X.device))
+        idx_s, idx_h, exact = draw_subsamples(n, s, h, gen, X.device, exact_cols=max(n, p))
+        points, idx_s, idx_h = rows.sample(idx_s, idx_h, exact)
+        pre, _, _ = nystrom_preconditioner(kop, points, idx_s, idx_h, exact, q, sigma2, white_noise=False, n=n)
+        H = points[idx_h]
+        # ZE = K(Z, X_s) E (p x q): the paper's C = K(Z, X_s) Q_s kept in factored form, O(p q).
+        ZE = kop(Z, pre.points) @ pre.E if pre.q > 0 else Z.new_zeros(p, 0)
+        proj = (
+            CholeskyProjection(kop, Z)
+            if projection == "cholesky"
+            else EigenPro2Projection(kop, Z, sizes.s2, sizes.q2, opts["projection_epochs"], gen)
+        )
+        if isinstance(proj, CholeskyProjection):  # the factor of K_ZZ is at hand: r p^2 flops for the check
+            L64 = proj.L.to(torch.float64)
+            warn_if_under_resolved(
+                owner, problem, Z, lambda k_zr: torch.linalg.solve_triangular(L64, k_zr, upper=False)
             )
-            if isinstance(proj, CholeskyProjection):  # the factor of K_ZZ is at hand: r p^2 flops for the check
-                L64 = proj.L.to(torch.float64)
-                warn_if_under_resolved(
-                    owner, problem, Z, lambda k_zr: torch.linalg.solve_triangular(L64, k_zr, upper=False)
-                )
-                del L64
-            whitened = projection == "cholesky" and opts["correction"] == "projected"
-            # Phi = K(X, Z) L^{-T} is kept when it fits the budget and pays for itself (features.py), decided
-            # once the batch is known; its rows of H are then the curvature's L^{-1} K(Z, H). A distributed
-            # fit (where Phi would be replicated) forms blocks per step.
+            del L64
+        whitened = projection == "cholesky" and opts["correction"] == "projected"
+        # Phi = K(X, Z) L^{-T} is kept when it fits the budget and pays for itself (features.py), decided
+        # once the batch is known; its rows of H are then the curvature's L^{-1} K(Z, H). A distributed
+        # fit (where Phi would be replicated) forms blocks per step.
+        with settings.kernel_cache(opts["kernel_cache"]):
+            may_keep = whitened and not rows.distributed and features_fit(X, p)
+            held_out = whitened_features(kop, H, Z, proj.L) if may_keep else None
+        if isinstance(proj, CholeskyProjection):
+            W = None if held_out is None else held_out.mT
+            beta, lam_data, U = self._curvature(kop, H, n, Z, exact, pre, ZE, proj, opts["correction"], W)
+        else:
+            U = None
+            beta = float(kernel_diagonal(kop, pre.points).max())
+            lam_data = self._power_top(kop, H, Z, pre, ZE, proj, opts["correction"], n / len(idx_h), gen)
+        lam_top = lam_data + sigma2
+        beta = beta + sigma2 / n
+        if rows.distributed:
+            # the batch size, the step and q decide how many all-reduces an epoch issues: rank 0's
+            # values everywhere (replicated from the same gathered rows, they differ in the last bits at most)
+            curv = torch.tensor([beta, lam_top], dtype=torch.float64, device=X.device)  # NCCL: on the GPU
+            setup = [pre.E, pre.d, ZE, curv] + ([proj.L] if isinstance(proj, CholeskyProjection) else [])
+            rows.replicate_(setup + ([U] if U is not None else []), q=pre.q)
+            beta, lam_top = (float(v) for v in curv)
+        # a floor on the default batch: each batch pays two M x M triangular solves (batch_floor)
+        floor = batch_floor(p) if isinstance(proj, CholeskyProjection) else 1
+        batch, step = critical_batch_and_step(beta, lam_top, n, opts["batch_size"], floor)
+        features = None
+        kept = held_out is not None
+        del held_out  # h x p: not needed past the curvature
+        if kept and features_pay(opts["epochs"], batch, y.shape[1]):
             with settings.kernel_cache(opts["kernel_cache"]):
-                may_keep = whitened and not rows.distributed and features_fit(X, p)
-                held_out = whitened_features(kop, H, Z, proj.L) if may_keep else None
-            if isinstance(proj, CholeskyProjection):
-                W = None if held_out is None else held_out.mT
-                beta, lam_data, U = self._curvature(kop, H, n, Z, exact, pre, ZE, proj, opts["correction"], W)
-            else:
-                U = None
-                beta = float(kernel_diagonal(kop, pre.points).max())
-                lam_data = self._power_top(kop, H, Z, pre, ZE, proj, opts["correction"], n / len(idx_h), gen)
-            lam_top = lam_data + sigma2
-            beta = beta + sigma2 / n
-            if rows.distributed:
-                # the batch size, the step and q decide how many all-reduces an epoch issues: rank 0's
-                # values everywhere (replicated from the same gathered rows, they differ in the last bits at most)
-                curv = torch.tensor([beta, lam_top], dtype=torch.float64, device=X.device)  # NCCL: on the GPU
-                setup = [pre.E, pre.d, ZE, curv] + ([proj.L] if isinstance(proj, CholeskyProjection) else [])
-                rows.replicate_(setup + ([U] if U is not None else []), q=pre.q)
-                beta, lam_top = (float(v) for v in curv)
-            # a floor on the default batch: each batch pays two M x M triangular solves (batch_floor)
-            floor = batch_floor(p) if isinstance(proj, CholeskyProjection) else 1
-            batch, step = critical_batch_and_step(beta, lam_top, n, opts["batch_size"], floor)
-            features = None
-            kept = held_out is not None
-            del held_out  # h x p: not needed past the curvature
-            if kept and features_pay(opts["epochs"], batch, y.shape[1]):
-                with settings.kernel_cache(opts["kernel_cache"]):
-                    features = whitened_features(kop, X, Z, proj.L)
+                features = whitened_features(kop, X, Z, proj.L)
+        setup_time = time.perf_counter() - setup_start
+        return _Run(
+            Z, y, rows, n, s, sigma2, pre, ZE, proj, whitened, U, beta, lam_top, batch, step, features, setup_time
+        )
 
-            setup_time = time.perf_counter() - setup_start
+    def _epochs(self, problem: Problem, run: _Run) -> TailAverage:
+        """Epochs of minibatch steps (eq. 27) until ``epochs``, ``tol`` or the monitor stops; the tail average."""
+        opts, X, y, n, p, kop = problem.options, problem.X, run.y, run.n, run.Z.shape[0], problem.kernel_operator
+        pre, proj, whitened = run.pre, run.proj, run.whitened
+        alpha = torch.zeros(p, y.shape[1], dtype=X.dtype, device=X.device)
+        # whitened coordinates b = L^T alpha (K_ZZ + jitter = L L^T): the projected preconditioned
+        # step is then L^{-T} (I - U d U^T) L^{-1} h, two triangular solves per batch (docs)
+        b_white = torch.zeros_like(alpha) if whitened else None
+        y_scale = run.rows.mean_square() or 1.0
+        # with the features the iterate is b alone (alpha = L^{-T} b where a model is wanted)
+        average = TailAverage(b_white if run.features is not None else alpha)
+        log = EpochLog(self.name, y_scale)
+        converged = stop = False
+        first_avg = opts["epochs"] - opts["average_epochs"] + 1
+        for epoch in range(1, opts["epochs"] + 1):
+            times = {"gradient": 0.0, "correction": 0.0, "projection": 0.0}
+            perm = torch.randperm(n, generator=problem.generator).to(X.device)
+            sq_sum = 0.0
+            for start in range(0, n, run.batch):
+                b = perm[start : start + run.batch]
+                mb = b.shape[0]  # the global batch: its rows may sit on several ranks
+                t0 = time.perf_counter()
+                eta = opts["lr_scale"] * run.step(mb) / n
+                if run.features is not None:
+                    sq_sum += self._feature_step(run, b, mb, eta, b_white, times, t0)
+                else:
+                    sq_sum += self._kernel_step(opts, kop, run, b, mb, eta, alpha, b_white, times, t0)
+                if epoch >= first_avg:
+                    average()
+            if whitened and run.features is None:
+                # re-synchronise b = L^T alpha (rounding drift between the two updates)
+                torch.matmul(proj.L.mT, alpha, out=b_white)
+            train_mse = run.rows.sum_float(sq_sum) / (n * y.shape[1])
+            log.record(epoch, train_mse, alpha if run.features is None else b_white)
+            stop = problem.monitor.step(
+                epoch,
+                lambda: KernelExpansion(problem.kernel, run.Z, run.coefficients(average.current()).clone()),
+                train_mse=train_mse,
+                batch_size=run.batch,
+                critical_batch=critical_batch(run.beta, run.lam_top, n),
+                step_size=opts["lr_scale"] * run.step(run.batch),
+                top_eigenvalue=run.lam_top,
+                beta=run.beta,
+                q=pre.q,
+                s=run.s,
+                projection=proj.kind,
+                setup_time=run.setup_time,
+                time_gradient=times["gradient"],
+                time_correction=times["correction"],
+                time_projection=times["projection"],
+                remaining=log.remaining(),
+            )
+            converged = opts["tol"] > 0 and train_mse <= opts["tol"] * y_scale
+            if stop or converged:
+                break
+        # a caller's stop (monitor) is the caller's choice: no warning then
+        log.finish(converged or bool(stop))
+        return average
 
-            alpha = torch.zeros(p, y.shape[1], dtype=X.dtype, device=X.device)
-            # whitened coordinates b = L^T alpha (K_ZZ + jitter = L L^T): the projected preconditioned
-            # step is then L^{-T} (I - U d U^T) L^{-1} h, two triangular solves per batch (docs)
-            b_white = torch.zeros_like(alpha) if whitened else None
-            y_scale = rows.mean_square() or 1.0
-            # with the features the iterate is b alone (alpha = L^{-T} b where a model is wanted)
-            average = TailAverage(b_white if features is not None else alpha)
+    @staticmethod
+    def _feature_step(run: _Run, b: Tensor, mb: int, eta: float, b_white: Tensor, times: dict, t0: float) -> float:
+        """One step on the kept whitened features ``Phi = K(X, Z) L^{-T}``; the batch's squared residual."""
+        pre = run.pre
+        rows_b = run.features[b]
+        g = torch.addmm(run.y[b], rows_b, b_white, beta=-1.0)  # K(X_m, Z) alpha - y_m
+        sq = float(g.pow(2).sum())
+        w = (rows_b.T @ g).mul_(run.n / mb)  # L^{-1} K(Z, X_m) g (n / m)
+        if run.sigma2:
+            w.add_(b_white, alpha=run.sigma2)
+        t1 = time.perf_counter()
+        if pre.q > 0:
+            w.sub_(run.U @ (pre.d.unsqueeze(-1) * (run.U.T @ w)))
+        b_white.sub_(w, alpha=eta)
+        times["gradient"] += t1 - t0
+        times["correction"] += time.perf_counter() - t1
+        return sq
 
-            def coefficients(iterate: Tensor) -> Tensor:
-                return proj.factor.solve(iterate, transpose=True) if features is not None else iterate
-
-            log = EpochLog(self.name, y_scale)
-            converged = stop = False
-            first_avg = opts["epochs"] - average_epochs + 1
-            for epoch in range(1, opts["epochs"] + 1):
-                times = {"gradient": 0.0, "correction": 0.0, "projection": 0.0}
-                perm = torch.randperm(n, generator=gen).to(X.device)
-                sq_sum = 0.0
-                for start in range(0, n, batch):
-                    b = perm[start : start + batch]
-                    mb = b.shape[0]  # the global batch: its rows may sit on several ranks
-                    t0 = time.perf_counter()
-                    eta = opts["lr_scale"] * step(mb) / n
-                    if features is not None:
-                        rows_b = features[b]
-                        g = torch.addmm(y[b], rows_b, b_white, beta=-1.0)  # K(X_m, Z) alpha - y_m
-                        sq_sum += float(g.pow(2).sum())
-                        w = (rows_b.T @ g).mul_(n / mb)  # L^{-1} K(Z, X_m) g (n / m)
-                        if sigma2:
-                            w.add_(b_white, alpha=sigma2)
-                        t1 = time.perf_counter()
-                        if pre.q > 0:
-                            w.sub_(U @ (pre.d.unsqueeze(-1) * (U.T @ w)))
-                        b_white.sub_(w, alpha=eta)
-                        times["gradient"] += t1 - t0
-                        times["correction"] += time.perf_counter() - t1
-                        if epoch >= first_avg:
-                            average()
-                        continue
-                    Xb, yb = rows.batch(b)
-                    g, grad = _batch_residual_gradient(kop, Xb, Z, alpha, yb)
-                    sq_sum += float(g.pow(2).sum())
-                    t_grad = time.perf_counter()
-                    paper = opts["correction"] == "paper" and not whitened and pre.q > 0
-                    eks = _paper_correction_sum(kop, Xb, g, pre) if paper else None
-                    t_corr = time.perf_counter()
-                    if rows.distributed:  # one all-reduce per batch: [K(Z, X_m) g; E^T K(X_s, X_m) g]
-                        summed = rows.sum_(torch.cat([grad, eks]) if paper else grad)
-                        grad, eks = (summed[:p], summed[p:]) if paper else (summed, None)
-                    t1 = time.perf_counter()
-                    times["gradient"] += (t_grad - t0) + (t1 - t_corr)  # the batch sum's all-reduce included
-                    times["correction"] += t_corr - t_grad
-                    if whitened:
-                        w = proj.factor.solve(grad).mul_(n / mb)
-                        if sigma2:
-                            w.add_(b_white, alpha=sigma2)
-                        t2 = time.perf_counter()
-                        if pre.q > 0:
-                            w.sub_(U @ (pre.d.unsqueeze(-1) * (U.T @ w)))
-                        t3 = time.perf_counter()
-                        b_white.sub_(w, alpha=eta)
-                        alpha.sub_(proj.factor.solve(w, transpose=True), alpha=eta)
-                        times["projection"] += (t2 - t1) + (time.perf_counter() - t3)
-                        times["correction"] += t3 - t2
-                    else:
-                        theta = self._direction(
-                            opts["correction"], eks, grad, alpha, pre, ZE, proj, sigma2, n / mb, times, t1
-                        )
-                        alpha.sub_(theta, alpha=eta)
-                    if epoch >= first_avg:
-                        average()
-                if whitened and features is None:
-                    # re-synchronise b = L^T alpha (rounding drift between the two updates)
-                    torch.matmul(proj.L.mT, alpha, out=b_white)
-                train_mse = rows.sum_float(sq_sum) / (n * y.shape[1])
-                log.record(epoch, train_mse, alpha if features is None else b_white)
-                stop = monitor.step(
-                    epoch,
-                    lambda: KernelExpansion(problem.kernel, Z, coefficients(average.current()).clone()),
-                    train_mse=train_mse,
-                    batch_size=batch,
-                    critical_batch=critical_batch(beta, lam_top, n),
-                    step_size=opts["lr_scale"] * step(batch),
-                    top_eigenvalue=lam_top,
-                    beta=beta,
-                    q=pre.q,
-                    s=s,
-                    projection=proj.kind,
-                    setup_time=setup_time,
-                    time_gradient=times["gradient"],
-                    time_correction=times["correction"],
-                    time_projection=times["projection"],
-                    remaining=log.remaining(),
-                )
-                converged = opts["tol"] > 0 and train_mse <= opts["tol"] * y_scale
-                if stop or converged:
-                    break
-            # a caller's stop (monitor) is the caller's choice: no warning then
-            log.finish(converged or bool(stop))
-        return KernelExpansion(problem.kernel, Z, coefficients(average.current()))
+    def _kernel_step(
+        self, opts, kop, run: _Run, b: Tensor, mb: int, eta: float, alpha: Tensor, b_white, times: dict, t0: float
+    ) -> float:
+        """One step from kernel blocks of the batch (whitened, or by :meth:`_direction`); its squared residual."""
+        pre, proj, p, n = run.pre, run.proj, run.Z.shape[0], run.n
+        Xb, yb = run.rows.batch(b)
+        g, grad = _batch_residual_gradient(kop, Xb, run.Z, alpha, yb)
+        sq = float(g.pow(2).sum())
+        t_grad = time.perf_counter()
+        paper = opts["correction"] == "paper" and not run.whitened and pre.q > 0
+        eks = _paper_correction_sum(kop, Xb, g, pre) if paper else None
+        t_corr = time.perf_counter()
+        if run.rows.distributed:  # one all-reduce per batch: [K(Z, X_m) g; E^T K(X_s, X_m) g]
+            summed = run.rows.sum_(torch.cat([grad, eks]) if paper else grad)
+            grad, eks = (summed[:p], summed[p:]) if paper else (summed, None)
+        t1 = time.perf_counter()
+        times["gradient"] += (t_grad - t0) + (t1 - t_corr)  # the batch sum's all-reduce included
+        times["correction"] += t_corr - t_grad
+        if run.whitened:
+            w = proj.factor.solve(grad).mul_(n / mb)
+            if run.sigma2:
+                w.add_(b_white, alpha=run.sigma2)
+            t2 = time.perf_counter()
+            if pre.q > 0:
+                w.sub_(run.U @ (pre.d.unsqueeze(-1) * (run.U.T @ w)))
+            t3 = time.perf_counter()
+            b_white.sub_(w, alpha=eta)
+            alpha.sub_(proj.factor.solve(w, transpose=True), alpha=eta)
+            times["projection"] += (t2 - t1) + (time.perf_counter() - t3)
+            times["correction"] += t3 - t2
+        else:
+            theta = self._direction(
+                opts["correction"], eks, grad, alpha, pre, run.ZE, proj, run.sigma2, n / mb, times, t1
+            )
+            alpha.sub_(theta, alpha=eta)
+        return sq
 
     # ------------------------------------------------------------------ pieces
     @staticmethod
