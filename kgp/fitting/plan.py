@@ -218,8 +218,7 @@ def _assemble(params: Mapping[str, Any], recipe: RecipeChoice | None, auto_solve
     n_centers = check_n_centers(n_centers)
     dtype = resolve_dtype(params["dtype"])
     device = check_device(params["device"])
-    solver = _choice("solver", solver_name)
-    solver = _with_options(solver, solver_given, solver_suggested)
+    solver = _plugin("solver", solver_name, solver_given, solver_suggested)
     learn, learn_suggested = params["learn"], None
     if auto_learn:
         learn, learn_suggested = recipe.learn, recipe.learn_options
@@ -236,8 +235,10 @@ def _assemble(params: Mapping[str, Any], recipe: RecipeChoice | None, auto_solve
             )
     elif centers is None or isinstance(centers, str):
         default = None if centers else DEFAULT_SELECTOR
-        choice = _choice("selector", centers or DEFAULT_SELECTOR, default, "centers=<selector name or array>")
-        selector = _with_options(choice, params["selector_options"])
+        name = centers or DEFAULT_SELECTOR
+        selector = _plugin(
+            "selector", name, params["selector_options"], None, default, "centers=<selector name or array>"
+        )
     else:  # an array, as declared (kgp.fitting.parameters)
         explicit = centers
     return FitPlan(
@@ -285,9 +286,17 @@ def _learning(
     return choice, resolved
 
 
-def _choice(kind: str, name: str, default: str | None = None, argument: str = "") -> PluginChoice:
-    """The registered plugin ``name`` of ``kind`` with its checked capabilities.
+def _plugin(
+    kind: str,
+    name: str,
+    given: Mapping[str, Any] | None,
+    suggested: Mapping[str, Any] | None,
+    default: str | None = None,
+    argument: str = "",
+) -> PluginChoice:
+    """The registered plugin ``name`` of ``kind``, its options resolved once, its checked capabilities.
 
+    ``given`` / ``suggested``: the user's options and a recipe's (:func:`kgp.resolve_options`).
     ``default``: the name the parameter defaults to; an unknown default says so (KGP_PLUGINS may have
     left it out) and names the ``argument`` that picks another.
     """
@@ -299,14 +308,8 @@ def _choice(kind: str, name: str, default: str | None = None, argument: str = ""
         raise UnknownPluginError(
             f"{exc}. The default {kind} is {default!r}: pass {argument} explicitly to use another one"
         ) from None
-    return PluginChoice(kind, name, info.obj, ResolvedOptions(f"{kind} {name!r}", {}), _caps(info))
-
-
-def _with_options(
-    choice: PluginChoice, given: Mapping[str, Any] | None, suggested: Mapping[str, Any] | None = None
-) -> PluginChoice:
-    options = resolve_options(choice.label, choice.plugin, given, suggested)
-    return PluginChoice(choice.kind, choice.name, choice.plugin, options, choice.capabilities)
+    options = resolve_options(f"{kind} {name!r}", info.obj, given, suggested)
+    return PluginChoice(kind, name, info.obj, options, _caps(info))
 
 
 def _caps(info: Any) -> Capabilities:
