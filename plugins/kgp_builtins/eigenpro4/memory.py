@@ -5,7 +5,8 @@ The fit keeps (all in the input dtype):
 - the expansion's points ``[Z; X_s; temporary centers]`` and their coefficients:
   ``(M + s + C) x (d + k)``, C = T m the temporary centers' capacity;
 - on the centers: the accumulated values ``h`` of the temporary part (``M x k``), the tail average
-  (``M x k``) and ``K(Z, X_s) E`` (``M x q``) for the preconditioner's correction at the centers;
+  (``M x k``) and ``K(Z, X_s) E`` (``M x q``);
+- on the subsample: ``f(X_s)`` and ``K(X_s, X_s) E`` (``s x (k + q)``);
 - one step's kernel block ``K(X_b, [Z; X_s; temporaries])``, in row chunks of at most the budget;
 - the setup's dense blocks (the Nystrom subsample ``s x s``, the held-out curvature blocks, the
   projection's own subsample), each sized within ``kgp.settings.memory_budget`` by their builders.
@@ -50,7 +51,16 @@ class MemoryPlan:
 
 
 def plan_memory(
-    *, n_centers: int, s: int, q: int, capacity: int, d: int, k: int, batch: int, itemsize: int, device
+    *,
+    n_centers: int,
+    s: int,
+    q: int,
+    capacity: int,
+    d: int,
+    k: int,
+    batch: int,
+    itemsize: int,
+    device,
 ) -> MemoryPlan:
     """The :class:`MemoryPlan` of a fit.
 

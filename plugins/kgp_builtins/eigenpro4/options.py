@@ -39,11 +39,20 @@ EIGENPRO4_DEFAULTS: dict[str, Option] = {
         allow_none=True,
         help="steps T between projections onto the centers; None: max(1, M // m) (about M temporary centers)",
     ),
+    # "centers": the Nystrom subsample is drawn from the centers, so the preconditioner maps span Z to
+    # itself and commutes with the projection: the fixed point is the ridge solution on the centers.
+    # "data": drawn from the training rows, as in the paper; with q > 0 the fixed point is then an
+    # (I - Q)-weighted solution (EigenPro 3 Lemma 6; measured in docs/solvers/eigenpro4.md).
+    "preconditioner": Option.choice(
+        "centers",
+        ("centers", "data"),
+        help="draw the Nystrom subsample of the preconditioner from the 'centers' (exact fixed point) or the 'data'",
+    ),
     "subsample_size": Option.integer(
         None,
         minimum=1,
         allow_none=True,
-        help="Nystrom subsample s of the data preconditioner (<= n); None: min(n, 2000, budget side)",
+        help="Nystrom subsample s of the preconditioner (<= M or n); None: min(M or n, 2000, budget side)",
     ),
     "q": Option.integer(
         None,
@@ -53,6 +62,11 @@ EIGENPRO4_DEFAULTS: dict[str, Option] = {
     ),
     "projection_epochs": Option.integer(
         1, minimum=1, help="inner EigenPro 2.0 epochs on K(Z, Z) w = h per projection (the paper: 1)"
+    ),
+    "projection_residual": Option.choice(
+        "carry",
+        ("carry", "drop"),
+        help="'carry': the inexact projection's residual h - K(Z, Z) v starts the next period's h; 'drop': the paper",
     ),
     "projection_subsample_size": Option.integer(
         None,
@@ -101,10 +115,12 @@ def check_options(options: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_data_options(options: dict[str, Any], n: int, n_centers: int) -> None:
-    """The bounds set by the data: ``batch_size <= n``, ``subsample_size <= n``, ``projection_subsample_size <= M``."""
+    """The bounds set by the data: ``batch_size <= n``, ``subsample_size <= M`` (or n with a data subsample),
+    ``projection_subsample_size <= M``."""
+    on_centers = options["preconditioner"] == "centers"
     for name, bound, what in (
         ("batch_size", n, "training points"),
-        ("subsample_size", n, "training points"),
+        ("subsample_size", n_centers if on_centers else n, "centers" if on_centers else "training points"),
         ("projection_subsample_size", n_centers, "centers"),
     ):
         value = options[name]

@@ -89,7 +89,16 @@ class EigenPro4Solver:
         Z = Z.to(device=X.device, dtype=X.dtype)
         n, M, k = X.shape[0], Z.shape[0], y.shape[1]
         check_data_options(opts, n, M)
-        s, q = resolve_subsample(OWNER, n, opts["subsample_size"], opts["q"], model_spans_points=False, device=X.device)
+        on_centers = opts["preconditioner"] == "centers"
+        s, q = resolve_subsample(
+            OWNER,
+            M if on_centers else n,
+            opts["subsample_size"],
+            opts["q"],
+            points="centers" if on_centers else "training points",
+            model_spans_points=False,
+            device=X.device,
+        )
         sigma2 = float(problem.noise) if opts["regularization"] == "ridge" else 0.0
         gen, kop, monitor = problem.generator, problem.kernel_operator, problem.monitor
         # refused before any kernel evaluation when the centers alone (or, with both given, the centers and
@@ -97,46 +106,19 @@ class EigenPro4Solver:
         # and the check is repeated with them
         known = opts["batch_size"] is not None and opts["projection_period"] is not None
         capacity0 = min(opts["projection_period"], -(-n // opts["batch_size"])) * opts["batch_size"] if known else 0
-        plan_memory(
-            n_centers=M,
-            s=s,
-            q=q,
-            capacity=capacity0,
-            d=X.shape[1],
-            k=k,
-            batch=opts["batch_size"] or 1,
-            itemsize=X.element_size(),
-            device=X.device,
-        )
+        layout = {"n_centers": M, "d": X.shape[1], "k": k, "itemsize": X.element_size(), "device": X.device}
+        plan_memory(s=s, q=q, capacity=capacity0, batch=opts["batch_size"] or 1, **layout)
         monitor.start(total=opts["epochs"], desc=self.name)
         with torch.no_grad():
             t_setup = time.perf_counter()
-            # data preconditioner and the curvature of the whole-RKHS step P_s (K_op + sigma^2) on held-out rows
-            idx_s, idx_h, exact = draw_subsamples(n, s, min(s, block_rows(s, X.device)), gen, X.device)
-            pre, Khs, Khh = nystrom_preconditioner(kop, X, idx_s, idx_h, exact, q, sigma2, white_noise=False, n=n)
-            Mh = Khh - Khs @ pre.apply(Khs.mT) if pre.q > 0 else Khh
-            del Khs, Khh
-            beta, lam = heldout_curvature(Mh, n, exact)
-            del Mh
+            pre, beta, lam = self._preconditioner(kop, X, Z, s, q, sigma2, on_centers, gen)
             lam_top, beta = lam + sigma2, beta + sigma2 / n
-            batch, step = critical_batch_and_step(
-                beta, lam_top, n, opts["batch_size"] if opts["batch_size"] is not None else None
-            )
+            batch, step = critical_batch_and_step(beta, lam_top, n, opts["batch_size"])
             if opts["batch_size"] is None:
                 batch = min(batch, DEFAULT_MAX_BATCH)
             period = opts["projection_period"] or max(1, M // batch)
             capacity = min(period, -(-n // batch)) * batch  # temporaries between projections (epoch ends project)
-            plan = plan_memory(
-                n_centers=M,
-                s=pre.points.shape[0],
-                q=pre.q,
-                capacity=capacity,
-                d=X.shape[1],
-                k=k,
-                batch=batch,
-                itemsize=X.element_size(),
-                device=X.device,
-            )
+            plan = plan_memory(s=s, q=pre.q, capacity=capacity, batch=batch, **layout)
             logger.info(plan.describe())
             state = DelayedState(kop, Z, pre, capacity, k, plan.chunk)
             proj = DelayedProjection(
@@ -144,6 +126,7 @@ class EigenPro4Solver:
             )
             setup_time = time.perf_counter() - t_setup
 
+            carry = opts["projection_residual"] == "carry"
             average = TailAverage(state.alpha)
             y_scale = float(y.pow(2).mean()) or 1.0
             log = EpochLog(self.name, y_scale)
@@ -163,7 +146,7 @@ class EigenPro4Solver:
                     t_step += t1 - t0
                     last = start + batch >= n
                     if steps % period == 0 or last or not state.room(batch):
-                        state.absorb(proj.solve(state.h))
+                        state.absorb(proj.solve(state.h), carry)
                         t_proj += time.perf_counter() - t1
                         if epoch >= first_avg:
                             average()
@@ -179,7 +162,8 @@ class EigenPro4Solver:
                     top_eigenvalue=lam_top,
                     beta=beta,
                     q=pre.q,
-                    s=pre.points.shape[0],
+                    s=s,
+                    preconditioner=opts["preconditioner"],
                     projection_period=period,
                     projections=proj.count,
                     memory_estimate=plan.total,
@@ -193,3 +177,30 @@ class EigenPro4Solver:
                     break
             log.finish(converged or bool(stop))
         return KernelExpansion(problem.kernel, Z, average.current().clone())
+
+    @staticmethod
+    def _preconditioner(kop, X, Z, s, q, sigma2, on_centers, gen):
+        r"""The Nystrom preconditioner (EigenPro 3 eq. 29-30) and the curvature of the step ``P_s (K_op + sigma^2)``.
+
+        The subsample X_s is drawn from the centers (``on_centers``) or from the training rows. Either way
+        the curvature of each Nystrom direction, the level, and the step's per-sample curvature ``beta`` and
+        top eigenvalue (sum units, ridge excluded) are measured on held-out training rows H
+        (:func:`heldout_curvature` on ``K(H, H) - K(H, X_s) Q_s K(X_s, H)``).
+        Returns ``(pre, beta, lambda_top)``.
+        """
+        n = X.shape[0]
+        if on_centers:
+            center_index = torch.randperm(Z.shape[0], generator=gen)[:s].to(X.device)
+            h = max(2, min(n, s, block_rows(s, X.device)))
+            idx_h = torch.randperm(n, generator=gen)[:h].to(X.device)
+            points = torch.cat([Z[center_index], X[idx_h]])
+            sub, held = torch.arange(s, device=X.device), torch.arange(s, s + h, device=X.device)
+            # the held-out rows are data and the subsample is not: never the "H = every point" shortcut
+            pre, Khs, Khh = nystrom_preconditioner(kop, points, sub, held, False, q, sigma2, white_noise=False, n=n)
+            exact = False
+        else:
+            idx_s, idx_h, exact = draw_subsamples(n, s, min(s, block_rows(s, X.device)), gen, X.device)
+            pre, Khs, Khh = nystrom_preconditioner(kop, X, idx_s, idx_h, exact, q, sigma2, white_noise=False, n=n)
+        Mh = Khh - Khs @ pre.apply(Khs.mT) if pre.q > 0 else Khh
+        beta, lam = heldout_curvature(Mh, n, exact)
+        return pre, beta, lam

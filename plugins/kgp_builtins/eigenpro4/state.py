@@ -4,17 +4,22 @@ Between projections the function is
 
     f = K(., Z) a + K(., X_s) c + K(., X_tmp) w
 
-(``a`` on the model's centers, ``c`` on the data preconditioner's Nystrom subsample X_s, ``w`` on the
-batches' rows appended as temporary centers). One buffer holds the points ``[Z; X_s; X_tmp]`` and
-one their coefficients, so that a step evaluates one kernel block against all of them. Two
-running vectors avoid kernel evaluations the step does not need:
+(``a`` on the model's centers, ``c`` on the preconditioner's Nystrom subsample X_s, ``w`` on the
+batches' rows appended as temporary centers). The correction ``c`` belongs to the temporary part even
+when X_s is a subset of the centers (``preconditioner="centers"``): it largely cancels the gradient's
+component along the top eigendirections, so it must be projected together with it; added to ``a``
+directly, the inexact projection's error on the large uncancelled gradient made the iteration diverge
+(measured: n = 2,000, M = 100, q = 10). One buffer holds the points ``[Z; X_s; X_tmp]`` and one their
+coefficients, so that a step evaluates one kernel block against all of them. Two running arrays avoid
+kernel evaluations the step does not need:
 
-- ``h`` (M x k): the temporary part ``K(., X_s) c + K(., X_tmp) w`` evaluated at Z, the right-hand
-  side of the projection ``K(Z, Z) v = h``;
-- ``f_s`` (s x k): the whole ``f`` at X_s, which the preconditioned ridge term needs every step.
+- ``h`` (M x k): the temporary part of f evaluated at Z, the right-hand side of the projection
+  ``K(Z, Z) v = h``;
+- ``f_s`` (s x k): the whole f at the preconditioner's subsample, which the preconditioned ridge term
+  needs every step.
 
 Both are updated in closed form from the step's own products (``K(Z, X_b) g`` and ``K(X_s, X_b) g``
-come out of the block that gave the predictions) and ``K(Z, X_s) E`` / ``K(X_s, X_s) E`` formed once.
+come out of the block that gave the predictions) and from ``K(Z, X_s) E`` / ``K(X_s, X_s) E``, formed once.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ class DelayedState:
     Z:
         The model's centers (M x d).
     pre:
-        The data preconditioner (its subsample X_s, ``Q_s = E diag(d) E^T``).
+        The preconditioner (its subsample, ``Q_s = E diag(d) E^T``).
     capacity:
         Most temporary centers held before a projection (T m).
     k:
@@ -46,19 +51,28 @@ class DelayedState:
         Rows per kernel block of a step (within the memory budget).
     """
 
-    def __init__(self, kop: KernelOpFactory, Z: Tensor, pre: NystromPreconditioner, capacity: int, k: int, chunk: int):
-        M, s, d = Z.shape[0], pre.points.shape[0], Z.shape[1]
-        self.kop, self.pre, self.M, self.s, self.chunk = kop, pre, M, s, chunk
-        self.points = Z.new_empty(M + s + capacity, d)
+    def __init__(
+        self,
+        kop: KernelOpFactory,
+        Z: Tensor,
+        pre: NystromPreconditioner,
+        capacity: int,
+        k: int,
+        chunk: int,
+    ):
+        M, d = Z.shape[0], Z.shape[1]
+        extra = pre.points.shape[0]
+        self.kop, self.pre, self.M, self.extra, self.chunk = kop, pre, M, extra, chunk
+        self.points = Z.new_empty(M + extra + capacity, d)
         self.points[:M] = Z
-        self.points[M : M + s] = pre.points
-        self.coef = Z.new_zeros(M + s + capacity, k)
-        self.used = M + s  # rows of points / coef in use: the centers, X_s, then the temporaries
+        self.points[M : M + extra] = pre.points
+        self.coef = Z.new_zeros(M + extra + capacity, k)
+        self.used = M + extra  # rows of points / coef in use: the centers, X_s (data subsample), the temporaries
         self.h = Z.new_zeros(M, k)
         if pre.q > 0:
-            self.ZE = kop(Z, pre.points) @ pre.E  # K(Z, X_s) E, M x q
-            self.SE = kop(pre.points, pre.points) @ pre.E  # K(X_s, X_s) E, s x q
-        self.f_s = Z.new_zeros(s, k)
+            self.SE = kop(pre.points, pre.points) @ pre.E  # K(X_s, X_s) E: the correction at X_s (f_s)
+            self.ZE = kop(Z, pre.points) @ pre.E  # K(Z, X_s) E: the correction at Z (h)
+        self.f_s = Z.new_zeros(extra, k)
 
     @property
     def Z(self) -> Tensor:
@@ -69,10 +83,6 @@ class DelayedState:
         """The coefficients on the centers (a view)."""
         return self.coef[: self.M]
 
-    @property
-    def temporaries(self) -> int:
-        return self.used - self.M - self.s
-
     def step(self, Xb: Tensor, yb: Tensor, eta: float, sigma2_n: float) -> float:
         r"""One preconditioned step on the batch ``(X_b, y_b)``; returns the batch's sum of squared residuals.
 
@@ -82,21 +92,23 @@ class DelayedState:
 
         - every coefficient shrinks by ``1 - eta sigma^2 / n`` (the ridge part of F);
         - the batch's rows join the temporary centers with coefficients ``-(eta/m) g``;
-        - ``c += eta Q_s r`` with ``r = F(X_s) = (1/m) K(X_s, X_b) g + (sigma^2/n) f(X_s)``.
+        - the subsample's coefficients ``c`` grow by ``eta Q_s r`` with
+          ``r = F(X_s) = (1/m) K(X_s, X_b) g + (sigma^2/n) f(X_s)``.
         """
-        m = Xb.shape[0]
+        m, M, extra = Xb.shape[0], self.M, self.extra
         width = self.used
         pts, coef = self.points[:width], self.coef[:width]
         g = torch.empty_like(yb)
-        grad = coef.new_zeros(self.M + self.s, coef.shape[1])  # K([Z; X_s], X_b) g
+        grad = coef.new_zeros(M + extra, coef.shape[1])  # K([Z; X_s], X_b) g
         for start in range(0, m, self.chunk):
             rows = slice(start, min(m, start + self.chunk))
             K = self.kop(Xb[rows], pts).to_dense()
             gc = torch.addmm(yb[rows], K, coef, beta=-1.0)
             g[rows] = gc
-            grad.addmm_(K[:, : self.M + self.s].mT, gc)
+            grad.addmm_(K[:, : M + extra].mT, gc)
         sq = float(g.pow(2).sum())
-        gz, u = grad[: self.M], grad[self.M :]
+        gz = grad[:M]
+        u = grad[M:]  # K(X_s, X_b) g
         r = u.div(m)
         if sigma2_n:
             r.add_(self.f_s, alpha=sigma2_n)
@@ -112,7 +124,7 @@ class DelayedState:
         self.f_s.add_(u, alpha=-eta / m)
         if self.pre.q > 0:
             t = self.pre.d.unsqueeze(-1) * (self.pre.E.mT @ r)  # diag(d) E^T r, q x k
-            self.coef[self.M : self.M + self.s].addmm_(self.pre.E, t, alpha=eta)
+            self.coef[M : M + extra].addmm_(self.pre.E, t, alpha=eta)
             self.h.addmm_(self.ZE, t, alpha=eta)
             self.f_s.addmm_(self.SE, t, alpha=eta)
         return sq
@@ -121,10 +133,20 @@ class DelayedState:
         """Whether ``m`` more temporary centers fit the buffer."""
         return self.used + m <= self.points.shape[0]
 
-    def absorb(self, v: Tensor) -> None:
-        """After a projection ``v ~ K(Z, Z)^{-1} h``: ``a += v``, the temporary part dropped, ``f(X_s)`` recomputed."""
+    def absorb(self, v: Tensor, carry: bool) -> None:
+        """After a projection ``v ~ K(Z, Z)^{-1} h``: ``a += v``, the temporary part dropped, ``f(X_s)`` recomputed.
+
+        ``carry``: keep the solve's residual ``h - K(Z, Z) v`` as the start of the next ``h`` (error
+        feedback): the part of the temporary function that the inexact solve missed is projected with the
+        next period's instead of being lost, so the centers' coefficients follow the exactly projected
+        iteration with a delay (one ``M x k`` kernel product per projection, streamed). Without it the
+        missed part is dropped, as in the paper.
+        """
         self.alpha.add_(v)
         self.coef[self.M :].zero_()
-        self.used = self.M + self.s
-        self.h.zero_()
+        self.used = self.M + self.extra
+        if carry:
+            self.h.sub_(self.kop(self.Z, self.Z) @ v)
+        else:
+            self.h.zero_()
         self.f_s = self.kop(self.pre.points, self.Z) @ self.alpha
