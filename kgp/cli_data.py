@@ -10,12 +10,17 @@ Rules (every violation is a ValueError naming the flag, the file and what was ex
 - Feature names come from the header (minus the target) or from a .npz array ``feature_names``;
   ``kgp predict`` selects the model's features by name (:func:`align_features`), in any order,
   and refuses when one is missing.
+- A CSV file is UTF-8 text (a byte-order mark is ignored); UTF-16, binary data and other encodings
+  are refused naming the problem (the first byte that is not UTF-8, with its offset and line) and
+  the remedy, to re-save the file as UTF-8.
 """
 
 from __future__ import annotations
 
+import codecs
 import csv
 import gzip
+import io
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -103,11 +108,17 @@ def _read_csv(file: Path, target: str | None, want_target: bool, header: str) ->
         raise ValueError(f"--header: expected one of {', '.join(HEADER_CHOICES)}, got {header!r}")
     opener = gzip.open if file.suffix == ".gz" else open
     try:
-        # utf-8-sig: a byte-order mark (Excel's "CSV UTF-8") is not part of the first column's name
-        with opener(file, "rt", newline="", encoding="utf-8-sig") as fh:
-            rows = [row for row in csv.reader(fh) if row and any(cell.strip() for cell in row)]
-    except UnicodeDecodeError:
-        raise ValueError(f"--data: {file} is not a text CSV file (expected .npz, .csv or .csv.gz)") from None
+        with opener(file, "rb") as raw:
+            # UTF-16 and binary files are recognised before they are parsed, from bytes peeked at (not
+            # consumed: a pipe, such as bash's <(...), can be read once)
+            problem = _not_text(raw.peek(_SNIFF)[:_SNIFF], " of the decompressed text" if file.suffix == ".gz" else "")
+            if problem is not None:
+                raise ValueError(f"--data: {file} {problem}")
+            # utf-8-sig: a byte-order mark (Excel's "CSV UTF-8") is not part of the first column's name
+            with io.TextIOWrapper(raw, encoding="utf-8-sig", newline="") as fh:
+                rows = [row for row in csv.reader(fh) if row and any(cell.strip() for cell in row)]
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"--data: {file} {_encoding_problem(file, opener, exc)}") from None
     except (OSError, EOFError, csv.Error) as exc:
         raise ValueError(f"--data: cannot read {file} as CSV ({type(exc).__name__}: {exc})") from None
     if not rows:
@@ -135,6 +146,78 @@ def _read_csv(file: Path, target: str | None, want_target: bool, header: str) ->
     features = np.delete(table, col, axis=1)
     feature_names = None if names is None else [n for k, n in enumerate(names) if k != col]
     return Data(features, table[:, col], feature_names, target=label, path=str(file))
+
+
+_UTF16_MARKS = {codecs.BOM_UTF16_LE: "FF FE", codecs.BOM_UTF16_BE: "FE FF"}
+_SNIFF = 4096  # leading bytes looked at for NUL bytes (UTF-16 text or binary data)
+_CHUNK = 1 << 20
+
+
+def _encoding_problem(file: Path, opener, error: UnicodeDecodeError) -> str:
+    """Why a CSV file is not UTF-8 text, in words: UTF-16, binary data, or the first byte that is not UTF-8.
+
+    Called once decoding failed (``error``): a regular file is read again as bytes (decompressed for
+    .gz), block by block, to find the offset and line of the first byte that is not UTF-8; a pipe, which
+    cannot be read again, is described by ``error``'s byte alone. The remedy is to re-save the file as
+    UTF-8 (kgp reads UTF-8, with or without a byte-order mark, as Excel's "CSV UTF-8" writes it).
+    """
+    where = " of the decompressed text" if file.suffix == ".gz" else ""
+    legacy = f"the file is probably in a legacy encoding such as Latin-1 or Windows-1252; {_REMEDY.format('LATIN1')}"
+    if not file.is_file():
+        if error.reason == "unexpected end of data":
+            return f"is not UTF-8 text (it ends inside a character); {_REMEDY.format('<its encoding>')}"
+        return f"is not UTF-8 text: byte 0x{error.object[error.start]:02x} is not valid UTF-8; {legacy}"
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset = lines = 0
+    with opener(file, "rb") as fh:
+        block = fh.read(_SNIFF)
+        problem = _not_text(block, where)
+        if problem is not None:
+            return problem
+        while block:
+            try:
+                decoder.decode(block)
+            except UnicodeDecodeError as exc:
+                # exc.object is the decoder's unfinished character from the block before (<= 3 bytes) + block
+                start = offset + exc.start - len(exc.object) + len(block)
+                line = lines + exc.object[: exc.start].count(b"\n") + 1
+                return (
+                    f"is not UTF-8 text: byte 0x{exc.object[exc.start]:02x} at offset {start:,}{where} "
+                    f"(line {line:,}) is not valid UTF-8; {legacy}"
+                )
+            offset += len(block)
+            lines += block.count(b"\n")
+            block = fh.read(_CHUNK)
+    return f"is not UTF-8 text (it ends inside a character); {_REMEDY.format('<its encoding>')}"
+
+
+_REMEDY = "re-save the file as UTF-8 (e.g. Excel's 'CSV UTF-8', or iconv -f {} -t UTF-8)"
+
+
+def _not_text(head: bytes, where: str = "") -> str | None:
+    """What the leading bytes of a CSV file say it is when it is not UTF-8 text: UTF-16, or binary data.
+
+    UTF-16 text of ASCII characters decodes as UTF-8 (every other byte a NUL), so it is recognised here,
+    before any parsing, by its byte-order mark or by NUL bytes at every other position; other NUL bytes
+    mean binary data. None for anything else.
+    """
+    for mark, hexes in _UTF16_MARKS.items():
+        if head.startswith(mark):
+            return f"is UTF-16 text (byte-order mark {hexes}), not UTF-8; {_REMEDY.format('UTF-16')}"
+    if b"\0" not in head:
+        return None
+    even, odd = head[0::2].count(0), head[1::2].count(0)
+    if max(even, odd) > 0.3 * len(head) / 2 and min(even, odd) == 0:
+        order = "BE" if even else "LE"
+        return (
+            f"looks like UTF-16{order} text (no byte-order mark: a NUL byte in every other position), not UTF-8; "
+            + _REMEDY.format(f"UTF-16{order}")
+        )
+    first = head.index(b"\0")
+    return (
+        f"is not a text CSV file: it holds binary data (byte 0x00 at offset {first:,}{where}); "
+        "expected .npz, .csv or .csv.gz"
+    )
 
 
 def _header(first: list[str], header: str, file: Path) -> list[str] | None:

@@ -2,7 +2,7 @@
 
 Each rank of an initialised process group holds its own rows of X and y (a *shard*); a fit with
 ``fit(X_local, y_local, distributed=True)`` fits the model of the concatenated rows. kgp needs only
-four collectives (docs/scaling-out.md):
+these collectives (docs/scaling-out.md), all built on all-reduce and broadcast:
 
 * **sum of partial results** (:meth:`Shard.all_reduce_`): every kernel pass over the data
   (``K^T u``, ``K^T (K v + w)``) computes its ``M x k`` partial sum on the local rows; the sums are
@@ -11,7 +11,11 @@ four collectives (docs/scaling-out.md):
   different on some rank (:meth:`Shard.replicate_`);
 * **agreement** (:meth:`Shard.any`): a stop request of one rank's callback stops every rank;
 * **shard bookkeeping** (:func:`shard_rows`): the global n and each rank's row offset, from the
-  local row counts (one all-gather of a few integers).
+  local row counts (one all-gather of a few integers);
+* **agreement on the fit** (:func:`agree`): one SHA-256 digest per rank of a canonical description
+  of the estimator (parameters, resolved plan, derived sizes), compared before the first collective
+  whose size or meaning depends on them; on a mismatch every rank raises the same ``ValueError``
+  naming the parameter and each rank's value.
 
 Why explicit (``distributed=True``) and not automatic inside an initialised group: kgp cannot tell
 whether ``X`` on each rank is a shard or a full replica (a group initialised for something else,
@@ -27,19 +31,21 @@ breaks the group's connections, which the waiting ranks report as :class:`Distri
 that hangs makes the others raise after ``kgp.settings.distributed_timeout`` seconds. After any of
 these the process group cannot be used again (torch's rule after a failed collective): destroy it.
 
-Why one module of about 440 lines: the shard, its channel's timeouts and failure detection, the
-collectives and ``differentiable_sum`` share one failure model (a dead rank must surface as
-:class:`RankFailedError` from any of them), and splitting them would spread that contract over
-modules; the progress monitor of a distributed fit lives in :mod:`kgp.distributed_monitor`.
+Why one module of about 560 lines: the shard, its channel's timeouts and failure detection, the
+collectives, the agreement check and ``differentiable_sum`` share one failure model (a dead rank must
+surface as :class:`RankFailedError` from any of them), and splitting them would spread that contract
+over modules; the progress monitor of a distributed fit lives in :mod:`kgp.distributed_monitor`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import itertools
+import json
 import pickle
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +59,7 @@ __all__ = [
     "DistributedError",
     "RankFailedError",
     "Shard",
+    "agree",
     "is_initialized",
     "resolve_group",
     "shard_rows",
@@ -423,7 +430,7 @@ def shard_rows(channel: _Channel, n_local: int, **agree: float) -> Shard:
     n_local:
         Rows of X on this rank (0 allowed).
     **agree:
-        Numbers every rank must share (number of features, outputs, dtype code, ...): a mismatch
+        Numbers every rank must share (number of features, outputs, ...): a mismatch
         raises ValueError on every rank, naming the ranks.
 
     Raises
@@ -446,3 +453,104 @@ def shard_rows(channel: _Channel, n_local: int, **agree: float) -> Shard:
 
 def _plain(v: float) -> str:
     return str(int(v)) if float(v).is_integer() else repr(v)
+
+
+# ---------------------------------------------------------------------- agreement on the fit
+_DIGEST_BYTES = 32  # SHA-256
+_LISTED_RANKS = 8  # a value held by more ranks is named by its first ranks and a count
+_SHOWN_CHARS = 120  # a longer value is shortened in the message (the comparison uses all of it)
+
+
+def agree(
+    channel: _Channel,
+    entries: Sequence[tuple[str, str]],
+    context: Sequence[tuple[str, str]] = (),
+    remedy: str = "",
+    derived: Collection[str] = (),
+) -> None:
+    """Check that every rank holds the same ``entries``; raise the same ValueError on every rank if not.
+
+    ``entries`` is this rank's canonical description of what must agree (name, text), in the order a
+    message should name a difference first (the parameters the user set before what is derived from
+    them). One all-reduce of a ``world_size x 32`` byte table compares the SHA-256 digests of the
+    descriptions; only when they differ are the descriptions themselves gathered (two more all-reduces)
+    to name the first entry that differs, with each rank's value. Every rank reaches the same verdict
+    from the same gathered values, so all raise the same message and none waits for another.
+
+    Parameters
+    ----------
+    channel:
+        The fit's channel (:func:`guarded`).
+    entries:
+        ``(name, canonical text)`` pairs; the texts are compared as strings.
+    context:
+        ``(name, text)`` pairs not compared, but named in the message where they differ too (the
+        settings a recipe chose the differing value from).
+    remedy:
+        The message's last sentence (what to do).
+    derived:
+        Names of entries that follow from others (a resolved option, a kernel built from a parameter):
+        where a given entry differs too, the message names only the given ones.
+
+    Raises
+    ------
+    ValueError
+        ``distributed fit: every rank must fit the same model; <name> differs: rank 0: <value>, ...``.
+    """
+    entries = [(str(k), str(v)) for k, v in entries]
+    if channel.world_size == 1:
+        return
+    digest = hashlib.sha256(json.dumps(entries).encode()).digest()
+    device = _device_for(channel.group)
+    table = torch.zeros(channel.world_size, _DIGEST_BYTES, dtype=torch.uint8, device=device)
+    table[channel.rank] = torch.frombuffer(bytearray(digest), dtype=torch.uint8).to(device)
+    # uint8 sums: each byte has exactly one non-zero contribution, so nothing wraps
+    channel.wait(dist.all_reduce(table, group=channel.group, async_op=True), "checking that the ranks agree")
+    if bool((table == table[0]).all()):
+        return
+    # every rank's derived names too: the union is the same on every rank, and so is the message
+    described = gather_objects(channel, (entries, [(str(k), str(v)) for k, v in context], sorted(derived)))
+    union = {k for *_, names in described for k in names}
+    raise ValueError(_disagreement([e for e, *_ in described], [c for _, c, _ in described], remedy, union))
+
+
+def _disagreement(
+    per_rank: list[list[tuple[str, str]]], context: list[list[tuple[str, str]]], remedy: str, derived: set[str]
+) -> str:
+    """The message naming the first entry whose value differs between ranks (the same text on every rank)."""
+    tables = [dict(e) for e in per_rank]
+    names = list(dict.fromkeys(k for e in per_rank for k, _ in e))
+    differing = [k for k in names if len({t.get(k) for t in tables}) > 1]
+    if not differing:  # the same entries in another order: name the order
+        differing = ["the order of the parameters"]
+        tables = [{differing[0]: ", ".join(k for k, _ in e)} for e in per_rank]
+    given = [k for k in differing if k not in derived]
+    differing = given or differing  # a resolved value that differs because a given one does: name the cause
+    first = differing[0]
+    message = f"distributed fit: every rank must fit the same model; {first} differs: {_per_rank(tables, first)}"
+    if len(differing) > 1:
+        more = differing[1:]
+        shown = ", ".join(more[:5]) + (f" and {len(more) - 5} more" if len(more) > 5 else "")
+        message += f" (also differing: {shown})"
+    contexts = [dict(c) for c in context]
+    for name in dict.fromkeys(k for c in context for k, _ in c):
+        if len({c.get(name) for c in contexts}) > 1:
+            message += f"; {name} differs too: {_per_rank(contexts, name)}"
+    return f"{message}. {remedy}".rstrip()
+
+
+def _per_rank(tables: list[dict[str, str]], name: str) -> str:
+    """``rank 0: a, rank 1: b`` (ranks with the same value grouped: ``ranks 0, 2: a``)."""
+    groups: dict[str, list[int]] = {}
+    for r, t in enumerate(tables):
+        groups.setdefault(t.get(name, "(not set)"), []).append(r)
+    parts = []
+    for value, ranks in groups.items():
+        label = ", ".join(str(r) for r in ranks[:_LISTED_RANKS])
+        if len(ranks) > _LISTED_RANKS:
+            label += f" and {len(ranks) - _LISTED_RANKS} more"
+        shown = value
+        if len(value) > _SHOWN_CHARS:  # shortened: the digest tells apart values that start alike
+            shown = f"{value[: _SHOWN_CHARS - 30]}... (sha256 {hashlib.sha256(value.encode()).hexdigest()[:12]})"
+        parts.append(f"{'rank' if len(ranks) == 1 else 'ranks'} {label}: {shown}")
+    return ", ".join(parts)

@@ -21,6 +21,7 @@ of loads).
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import pickle
@@ -109,6 +110,12 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], Any]) -> 
     replaced. On any exception, ``KeyboardInterrupt`` included, the temporary file is removed and
     ``path`` is untouched.
 
+    A failure of the file system (a full disk, a quota, an I/O error, a read-only folder) is raised as
+    the ``OSError`` of its ``errno`` (``str``: ``[Errno 28] No space left on device: 'PATH'``) naming
+    ``path``, never as the serialiser's own error: ``torch.save`` turns a failed write into
+    ``RuntimeError: [enforce fail at inline_container.cc:672] unexpected pos 16128 vs 16080``,
+    so every write goes through a recorder that keeps the first ``OSError`` and that error is raised.
+
     Raises
     ------
     IsADirectoryError
@@ -116,7 +123,8 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], Any]) -> 
     FileNotFoundError
         If the folder of ``path`` does not exist.
     OSError
-        If the folder is not writable, the disk is full, ...
+        If the folder is not writable, the disk is full, ...: ``errno`` and ``strerror`` those of the
+        failure, ``filename`` the ``path`` given, and a note that the previous file is unchanged.
     """
     target = Path(os.path.realpath(path))  # a link's target: renaming over the link would replace the link
     if target.is_dir():
@@ -129,22 +137,95 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], Any]) -> 
     # O_EXCL: never write through someone else's file; mode 0o666 lets the umask apply as for any new file
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
     created = False
+    sink = None
     try:
         fd = os.open(temporary, flags, 0o666)
         created = True
-        with os.fdopen(fd, "wb") as fh:
-            write(fh)
-            fh.flush()
+        fh = os.fdopen(fd, "wb")
+        try:
+            sink = _RecordingWriter(fh)
+            try:
+                write(sink)
+            except Exception as exc:
+                if sink.error is None or sink.error is exc:
+                    raise
+                raise sink.error from None  # the failed write, not the serialiser's report of it
+            if sink.error is not None:  # a serialiser that swallowed the failed write
+                raise sink.error
+            sink.flush()
             os.fsync(fh.fileno())  # the data is on disk before the name points at it
+        except BaseException:
+            with contextlib.suppress(OSError):  # closing flushes what is buffered: on a full disk, fails again
+                fh.close()
+            raise
+        fh.close()
         with contextlib.suppress(FileNotFoundError):
             os.chmod(temporary, stat.S_IMODE(os.stat(target).st_mode))
         os.replace(temporary, target)
-    except BaseException:
+    except BaseException as exc:
         if created:
             with contextlib.suppress(OSError):
                 os.unlink(temporary)
+        if isinstance(exc, OSError) and exc.errno is not None:
+            written = 0 if sink is None else sink.written
+            raise _naming(exc, path, replaced=target.exists(), written=written) from None
         raise
     _sync_folder(folder)
+
+
+class _RecordingWriter:
+    """A binary file's ``write`` and ``flush`` that keep the first ``OSError`` they raise (and count bytes).
+
+    ``torch.save`` calls ``write`` from C++ and may report a failed write as its own ``RuntimeError``
+    (``unexpected pos``); :func:`atomic_write` raises the recorded error instead.
+    """
+
+    def __init__(self, fh: IO[bytes]):
+        self._fh = fh
+        self.error: OSError | None = None
+        self.written = 0
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        done = 0
+        try:
+            while done < len(view):  # a raw file may write part (a disk filling up): write the rest
+                n = self._fh.write(view[done:])
+                if n is None:  # a buffered file takes everything or raises
+                    done = len(view)
+                elif n == 0:  # (a full disk raises ENOSPC instead): never loop on it
+                    raise OSError(errno.EIO, f"the file system took 0 of {len(view) - done:,} bytes")
+                else:
+                    done += n
+        except OSError as exc:
+            self.error = self.error or exc
+            self.written += done
+            raise
+        self.written += done
+        return done
+
+    def flush(self) -> None:
+        try:
+            self._fh.flush()
+        except OSError as exc:
+            self.error = self.error or exc
+            raise
+
+    def writable(self) -> bool:
+        return True
+
+    def __getattr__(self, name: str) -> Any:  # mode, name, closed, ... of the file
+        return getattr(self._fh, name)
+
+
+def _naming(exc: OSError, path: Any, *, replaced: bool, written: int) -> OSError:
+    """``exc``'s errno and strerror with ``path`` (not the temporary file) as its file name, and a note."""
+    strerror = exc.strerror or os.strerror(exc.errno)
+    out = OSError(exc.errno, strerror, os.fspath(path))  # OSError(errno.EACCES, ...) is a PermissionError
+    what = "the previous file is unchanged" if replaced else "nothing was written there"
+    after = f" after {written:,} bytes" if written else ""
+    out.add_note(f"kgp: saving {os.fspath(path)} failed{after} ({strerror.lower()}); {what}")
+    return out
 
 
 def _sync_folder(folder: Path) -> None:
@@ -177,7 +258,14 @@ def read_model(path: str | os.PathLike) -> dict[str, Any]:
         raise FileNotFoundError(f"{path}: no such file")
     if file.is_dir():
         raise ModelFileError(f"{path}: is a directory, not a model file")
-    if file.stat().st_size == 0:
+    info = file.stat()
+    if not stat.S_ISREG(info.st_mode):
+        # never opened: reading a FIFO blocks until a writer comes, and a device may never end
+        raise ModelFileError(
+            f"{path}: not a regular file but {_file_kind(info.st_mode)}; a model file is a file that kgp saved "
+            "(a zip archive read by seeking, never a stream): save the model to a file and give its path"
+        )
+    if info.st_size == 0:
         raise ModelFileError(f"{path}: empty file, not a kgp model file")
     with open(file, "rb") as fh:
         magic = fh.read(4)
@@ -215,6 +303,17 @@ def read_model(path: str | os.PathLike) -> dict[str, Any]:
                 f"{path}: checksum mismatch: the file was changed or corrupted after it was saved; refit and save again"
             )
     return state
+
+
+def _file_kind(mode: int) -> str:
+    """What a file that is not a regular one is, in words (``stat``'s file type)."""
+    kinds = [
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ]
+    return next((name for test, name in kinds if test(mode)), "a special file")
 
 
 # torch.save stores every entry uncompressed; an entry that inflates more than this is no kgp file's

@@ -27,6 +27,7 @@ variable, and the default is used.
 from __future__ import annotations
 
 import contextvars
+import numbers
 import os
 import threading
 import warnings
@@ -190,9 +191,11 @@ class _Setting:
 
 def _positive_int(name: str):
     def check(value):
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        # any integer type (numpy's np.int64 from arithmetic on array sizes included), never a bool
+        # (numpy's bool is no numbers.Integral)
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
             raise ValueError(f"{name}: expected a positive integer, got {value!r}")
-        return value
+        return value if isinstance(value, int) else int(value)  # an int subclass (the automatic budget) stays
 
     return check
 
@@ -336,7 +339,7 @@ evaluation, always stop the fit."""
 
 def _positive_seconds(name: str):
     def check(value):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value != value:
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0 or value != value:
             raise ValueError(f"{name}: expected a positive number of seconds, got {value!r}")
         return float(value)
 

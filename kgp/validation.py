@@ -157,9 +157,10 @@ def to_tensor(
     if not allow_empty and (tensor.numel() == 0 or tensor.shape[0] == 0):
         raise ValueError(f"{name}: expected a non-empty array, got shape {tuple(tensor.shape)}")
     target = dtype or (tensor.dtype if is_float else torch.float64)
+    source = tensor
     tensor = tensor.to(device=device if device is not None else tensor.device, dtype=target)
     if is_float or target != tensor.dtype:
-        _check_finite(tensor, name)
+        _check_finite(tensor, name, source)
     return tensor
 
 
@@ -167,18 +168,40 @@ _FINITE_BLOCK = 1 << 20
 """Elements per block of the finiteness count (8 MB of float64)."""
 
 
-def _check_finite(tensor: Tensor, name: str) -> None:
+def _check_finite(tensor: Tensor, name: str, source: Tensor | None = None) -> None:
     """Raise ValueError naming ``name`` if ``tensor`` holds a NaN or an infinity.
 
     NaN and infinities propagate through a sum, so a finite sum proves every element finite without the
     temporaries of ``torch.isfinite`` (an ``abs`` as large as the input on the CPU); only a sum that is not
     finite (a bad value, or finite values that overflow) is followed by the exact count, block by block.
+
+    ``source``: the values before their cast to ``tensor``'s dtype. Where they were finite and the cast
+    made infinities (1e300 given to a float32 model), the message says that the values overflow the dtype,
+    with its largest value, instead of calling them NaN or infinite.
     """
     if tensor.numel() == 0 or bool(torch.isfinite(tensor.sum())):
         return
+    bad = _count_non_finite(tensor)
+    if not bad:
+        return
+    if source is not None and source.dtype != tensor.dtype and source.dtype.is_floating_point:
+        if _count_non_finite(source) == 0:
+            flat = source.reshape(-1)
+            largest = max(
+                float(flat[lo : lo + _FINITE_BLOCK].abs().max()) for lo in range(0, flat.numel(), _FINITE_BLOCK)
+            )
+            dtype = str(tensor.dtype).replace("torch.", "")
+            raise ValueError(
+                f"{name}: {bad} finite value(s) overflow {dtype}: the largest magnitude is {largest:.3g}, "
+                f"{dtype} holds at most {torch.finfo(tensor.dtype).max:.4g}. {name} is converted to {dtype} (the "
+                f"model's or the dtype= parameter's precision): rescale {name}, or fit in float64 (dtype='float64')"
+            )
+    raise ValueError(f"{name}: contains {bad} NaN or infinite value(s)")
+
+
+def _count_non_finite(tensor: Tensor) -> int:
+    """NaN and infinite entries of ``tensor``, counted block by block (no input-sized temporary)."""
     flat = tensor.reshape(-1)
-    bad = sum(
+    return sum(
         int((~torch.isfinite(flat[lo : lo + _FINITE_BLOCK])).sum()) for lo in range(0, flat.numel(), _FINITE_BLOCK)
     )
-    if bad:
-        raise ValueError(f"{name}: contains {bad} NaN or infinite value(s)")

@@ -26,7 +26,7 @@ from ..diagnostics import not_fitted
 from ..distributed_monitor import ShardedMonitor
 from ..fitting import RandomStreams, TrainingRows, resolve_plan, run
 from ..fitting.plan import DataShape, FitPlan, check_device, switches
-from ..fitting.rows import broadcast_seed, comm_for
+from ..fitting.rows import broadcast_seed, comm_for, describe_fit
 from ..fitting.stages import FitResult, scale_inputs, scale_targets
 from ..kernels import make_kernel
 from ..monitor import IterationInfo, Monitor
@@ -174,8 +174,6 @@ class BaseKernelModel(GPQuantities, SklearnProtocol):
         """The one fit path; ``channel`` is None for a local fit, else the distributed fit's channel."""
         params = self.get_params()
         plan = resolve_plan(params)  # None: a recipe decides once the data's shape is known
-        if channel is not None and plan is not None:
-            _check_distributed_plugins(plan)
         feature_names = feature_names_of(X)
         dtype, device = resolve_dtype(self.dtype), check_device(self.device)
         _warn_if_cast_collapses(X, dtype, feature_names)
@@ -192,17 +190,21 @@ class BaseKernelModel(GPQuantities, SklearnProtocol):
             shard = _dist.shard_rows(
                 channel,
                 Xt.shape[0],
-                **{"number of features": Xt.shape[1], "number of outputs": Y.shape[1], "dtype": Xt.element_size()},
+                # the dtype is compared with the parameters (describe_fit below), by name
+                **{"number of features": Xt.shape[1], "number of outputs": Y.shape[1]},
             )
         comm = comm_for(shard, Xt.shape[0])
         if plan is None:
             shape = DataShape(comm.n_total, Xt.shape[1], Y.shape[1], Xt.dtype, Xt.device, shard is not None)
             plan = resolve_plan(params, shape)
-            if shard is not None:
-                _check_distributed_plugins(plan)
+        kernel = self._build_kernel(Xt.dtype, Xt.device, Xt.shape[1], plan)
+        if shard is not None:
+            # every rank fits the same model, or every rank raises the same ValueError naming the parameter,
+            # before any collective whose size or meaning depends on the parameters
+            comm.agree(describe_fit(params, plan, kernel, Xt, Y))
+            _check_distributed_plugins(plan)
         check_n_centers(plan.n_centers, comm.n_total)
         streams = RandomStreams(broadcast_seed(comm, self._draw_seed()))
-        kernel = self._build_kernel(Xt.dtype, Xt.device, Xt.shape[1], plan)
         rows, input_scaling = scale_inputs(TrainingRows(Xt, Y, comm), plan.normalize_X)
         if validation is not None and input_scaling is not None:  # the predictor works in standardised inputs
             validation = (input_scaling.apply(validation[0]), validation[1])
