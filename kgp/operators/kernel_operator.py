@@ -134,6 +134,13 @@ class KernelOperator(LinearOperator):
         when linear_operator rebuilds the operator; ignored if the tensors differ).
     distance_dtype:
         Precision of the fast path's GEMM (see :func:`kernel_operator`); None: the input dtype.
+
+    Attributes
+    ----------
+    workspace:
+        The :class:`~kgp.operators.workspace.BlockWorkspace` of ``K(x1, x2)`` (shared with every view of this
+        operator through ``cache``): what the native passes of :mod:`kgp.operators.fused_cpu` and
+        :mod:`kgp.operators.fused_gpu` read.
     """
 
     def __init__(
