@@ -13,6 +13,11 @@ The minimised value is the objective per data point minus the GPyTorch prior log
 kernel, the likelihood (``learn_options['noise_prior']``) and the mean, divided by n, which is GPyTorch's
 ``ExactMarginalLogLikelihood`` convention (its value is ``(log p(y) + log priors) / n``) with the sign
 flipped. The priors are read through ``named_priors()`` of one module holding the three parts.
+
+:func:`learn_hyperparameters` checks its inputs and runs the stages of a :class:`LearningRun`: the
+first stage (Adam, extended while the objective still falls and polished by L-BFGS, or L-BFGS alone),
+then the optional refine stage on more rows, each a method over the run's explicit state (the trained
+tensors, the history of values, the best point, the optimizer).
 """
 
 from __future__ import annotations
