@@ -1,8 +1,9 @@
 """The fit path: resolve once into a plan, then three stages, then one Posterior.
 
-::
+:func:`fit_model` (:mod:`.fit`) is the whole fit, from the estimator's parameters and converted rows to a
+:class:`ModelFit`; inside it::
 
-    plan = resolve_plan(params)                    # plugins, validated options, capabilities (no data work)
+    plan = resolve_plan(params, shape)             # plugins, validated options, capabilities (no data work)
     centers = select_centers(plan, rows, kernel)   # stage 1 (None when no plugin uses centers)
     learned = learn(plan, rows, kernel, centers)   # stage 2 (the fixed hyperparameters when learn=None)
     result = solve(plan, rows, kernel, centers, learned)  # stage 3, ending in a kgp.Posterior
@@ -12,6 +13,7 @@ Each stage receives the plan and the previous stage's result (docs/architecture.
 does nothing in a single process and holds the collectives in a distributed fit.
 """
 
+from .fit import ModelFit, fit_chunk, fit_model, learn_only
 from .plan import FitPlan, PluginChoice, RandomStreams, resolve_plan
 from .rows import LocalComm, TrainingRows
 from .stages import FitResult, Learned, learn, run, select_centers, solve
@@ -21,10 +23,14 @@ __all__ = [
     "FitResult",
     "Learned",
     "LocalComm",
+    "ModelFit",
     "PluginChoice",
     "RandomStreams",
     "TrainingRows",
+    "fit_chunk",
+    "fit_model",
     "learn",
+    "learn_only",
     "resolve_plan",
     "run",
     "select_centers",

@@ -27,6 +27,10 @@ sampled every 2 ms): n = 60,000, d = 4, M = 800: peak +407 MB (estimate 419 MB);
 M = 3,000: +708 MB (estimate 714 MB) (tests/test_memory_estimate.py holds the estimate within 25% of such a
 measurement). The estimate counts kgp's arrays, not the allocator's fragmentation, the BLAS library's
 per-thread buffers or Python objects: tens of MB.
+
+A fit whose solver the recipe chose (``solver="auto"``) estimates its peak once the plan has fixed the solver
+and M, checks it with :func:`check_fit_memory` before it allocates, and reports it in ``recipe_["memory"]``
+(:func:`kgp.fitting.fit.fit_memory`).
 """
 
 from __future__ import annotations

@@ -30,7 +30,17 @@ from ..variance import FitInputs, for_fit, for_target
 from .plan import FitPlan, PluginChoice, RandomStreams
 from .rows import TrainingRows
 
-__all__ = ["FitResult", "Learned", "learn", "plugin_call", "run", "select_centers", "solve"]
+__all__ = [
+    "FitResult",
+    "Learned",
+    "finish",
+    "learn",
+    "plugin_call",
+    "run",
+    "select_and_learn",
+    "select_centers",
+    "solve",
+]
 
 
 @contextlib.contextmanager
@@ -378,20 +388,18 @@ def _selects_with_learned_kernel(plan: FitPlan) -> bool:
     )
 
 
-def run(
+def select_and_learn(
     plan: FitPlan,
     rows: TrainingRows,
-    scaling: TargetScaling,
     kernel: gpytorch.kernels.Kernel,
     streams: RandomStreams,
     monitor: Monitor,
-    shift: dict[str, Tensor] | None = None,
     input_scaling: Scaling | None = None,
-) -> FitResult:
-    """Select, learn, solve: the whole fit of the (scaled) ``rows`` (the caller owns and closes ``monitor``).
+) -> tuple[Centers | None, Learned]:
+    """Stages 1 and 2: the centers and the hyperparameters the solve uses.
 
-    ``shift``: the offsets the monitor's validation metric adds back to the solver's predictions; its
-    ``"mean"`` entry is set to the learned constant mean before the solve.
+    A selector whose centers depend on the kernel selects (again) with the learned hyperparameters; it
+    selects before learning too when the objective works on centers.
     """
     reselect = _selects_with_learned_kernel(plan)
     objective_uses_centers = plan.objective is not None and plan.objective.capabilities.uses_centers
@@ -400,13 +408,22 @@ def run(
         centers = select_centers(plan, rows, kernel, streams, input_scaling)
     learned = learn(plan, rows, kernel, centers, streams, monitor)
     if reselect:
-        # the selector's centers depend on the kernel: select (again) with the learned hyperparameters
         centers = select_centers(plan, rows, learned.kernel, streams, input_scaling, noise=learned.noise)
         centers.info = {**centers.info, "kernel": "learned"}
-    if plan.objective is not None:
-        monitor.close()  # the solver's stage starts its own bar
-        if shift is not None:
-            shift["mean"] = learned.mean
+    return centers, learned
+
+
+def finish(
+    plan: FitPlan,
+    rows: TrainingRows,
+    centers: Centers | None,
+    learned: Learned,
+    scaling: TargetScaling,
+    streams: RandomStreams,
+    monitor: Monitor,
+    input_scaling: Scaling | None = None,
+) -> FitResult:
+    """Stage 3: the solve (:func:`solve_with_a_usable_noise`), and a learned GP's variance built now."""
     posterior, learned = solve_with_a_usable_noise(
         plan, rows, centers, learned, scaling, streams, monitor, input_scaling=input_scaling
     )
@@ -425,3 +442,19 @@ def run(
                     stacklevel=4,
                 )
     return FitResult(posterior, centers, learned, list(monitor.history))
+
+
+def run(
+    plan: FitPlan,
+    rows: TrainingRows,
+    scaling: TargetScaling,
+    kernel: gpytorch.kernels.Kernel,
+    streams: RandomStreams,
+    monitor: Monitor,
+    input_scaling: Scaling | None = None,
+) -> FitResult:
+    """Select, learn, solve: the stages of the (scaled) ``rows`` (the caller owns and closes ``monitor``)."""
+    centers, learned = select_and_learn(plan, rows, kernel, streams, monitor, input_scaling)
+    if plan.objective is not None:
+        monitor.close()  # the solver's stage starts its own bar
+    return finish(plan, rows, centers, learned, scaling, streams, monitor, input_scaling)

@@ -1,18 +1,15 @@
 """The scikit-learn glue shared by :class:`KernelRegressor` and :class:`KernelClassifier`.
 
-``fit`` resolves the parameters once into a plan (:func:`kgp.fitting.resolve_plan`), converts the
-inputs, lets the subclass encode its targets, runs the three stages (:func:`kgp.fitting.run`) and only
-then writes the fitted attributes, all in :meth:`BaseKernelModel._set_fitted` (also used by
-``partial_fit`` and by :func:`kgp.load`). A fit that raises or is interrupted leaves the estimator as it
-was. Predictions come from the fitted :class:`kgp.Posterior` (``posterior_``); model files are written
-and read by :mod:`.persistence`.
+``fit`` converts the inputs (tensors, encoded targets, feature names), hands them with the parameters to
+:func:`kgp.fitting.fit.fit_model`, which runs the whole fit, and writes the fitted attributes from what it
+returns, all in :meth:`BaseKernelModel._set_fitted` (also used by ``partial_fit`` and by :func:`kgp.load`).
+A fit that raises or is interrupted leaves the estimator as it was. Predictions come from the fitted
+:class:`kgp.Posterior` (``posterior_``); model files are written and read by :mod:`.persistence`.
 """
 
 from __future__ import annotations
 
-import copy
 import inspect
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -21,28 +18,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .. import distributed as _dist
+from .. import distributed as dist
 from ..diagnostics import not_fitted
-from ..distributed_monitor import ShardedMonitor
-from ..fitting import RandomStreams, TrainingRows, resolve_plan, run
-from ..fitting.plan import DataShape, FitPlan, check_device, switches
-from ..fitting.rows import broadcast_seed, comm_for, describe_fit
-from ..fitting.stages import FitResult, scale_inputs, scale_targets
-from ..kernels import make_kernel
-from ..monitor import IterationInfo, Monitor
+from ..fitting.fit import ModelFit, build_kernel, draw_seed, fit_model
+from ..fitting.plan import FitPlan, check_device, switches
+from ..fitting.stages import FitResult
+from ..monitor import IterationInfo
 from ..plugin import Centers
-from ..registry import get_solver
-from ..validation import check_n_centers, resolve_dtype, to_tensor
-from .fit_support import (
-    _check_distributed_plugins,
-    _closing,
-    _in_target_units,
-    _kernel_kwargs,
-    _released_on_interrupt,
-    _same,
-    _short,
-    _warn_if_cast_collapses,
-)
+from ..validation import resolve_dtype, to_tensor
+from .fit_support import released_on_interrupt, same_as_default, short_repr, warn_if_cast_collapses
 from .gp_quantities import GPQuantities
 from .sklearn_compat import SklearnProtocol, feature_names_of
 
@@ -122,9 +106,9 @@ class BaseKernelModel(GPQuantities, SklearnProtocol):
     def __repr__(self) -> str:
         defaults = inspect.signature(BaseKernelModel.__init__).parameters
         changed = [
-            f"{name}={_short(value)}"
+            f"{name}={short_repr(value)}"
             for name, value in self.get_params().items()
-            if not _same(value, defaults[name].default)
+            if not same_as_default(value, defaults[name].default)
         ]
         return f"{type(self).__name__}({', '.join(changed)})"
 
@@ -163,20 +147,21 @@ class BaseKernelModel(GPQuantities, SklearnProtocol):
         -------
         self
         """
-        group = _dist.resolve_group(distributed)
-        with _released_on_interrupt(self):
+        group = dist.resolve_group(distributed)
+        with released_on_interrupt(self):
             if group is None:
                 return self._fit(X, y, validation_data, None)
-            with _dist.guarded(group) as channel:  # every rank's failure, validation included, reaches the others
+            with dist.guarded(group) as channel:  # every rank's failure, validation included, reaches the others
                 return self._fit(X, y, validation_data, channel)
 
     def _fit(self, X, y, validation_data, channel):
-        """The one fit path; ``channel`` is None for a local fit, else the distributed fit's channel."""
-        params = self.get_params()
-        plan = resolve_plan(params)  # None: a recipe decides once the data's shape is known
+        """Convert the inputs, fit (:func:`kgp.fitting.fit.fit_model`), write the fitted attributes.
+
+        ``channel`` is None for a local fit, else the distributed fit's channel.
+        """
         feature_names = feature_names_of(X)
         dtype, device = resolve_dtype(self.dtype), check_device(self.device)
-        _warn_if_cast_collapses(X, dtype, feature_names)
+        warn_if_cast_collapses(X, dtype, feature_names)
         Xt = to_tensor(X, "X", ndim=(2,), dtype=dtype, device=device, allow_empty=channel is not None)
         if channel is None:
             Y, targets = self._encode_fit_targets(y, Xt)
@@ -185,86 +170,39 @@ class BaseKernelModel(GPQuantities, SklearnProtocol):
         if Y.shape[0] != Xt.shape[0]:
             raise ValueError(f"X and y: expected the same number of samples, got {Xt.shape[0]} and {Y.shape[0]}")
         validation = self._validation(validation_data, Xt, targets)
-        shard = None
-        if channel is not None:
-            shard = _dist.shard_rows(
-                channel,
-                Xt.shape[0],
-                # the dtype is compared with the parameters (describe_fit below), by name
-                **{"number of features": Xt.shape[1], "number of outputs": Y.shape[1]},
-            )
-        comm = comm_for(shard, Xt.shape[0])
-        if plan is None:
-            shape = DataShape(comm.n_total, Xt.shape[1], Y.shape[1], Xt.dtype, Xt.device, shard is not None)
-            plan = resolve_plan(params, shape)
-        kernel = self._build_kernel(Xt.dtype, Xt.device, Xt.shape[1], plan)
-        if shard is not None:
-            # every rank fits the same model, or every rank raises the same ValueError naming the parameter,
-            # before any collective whose size or meaning depends on the parameters
-            comm.agree(describe_fit(params, plan, kernel, Xt, Y))
-            _check_distributed_plugins(plan)
-        check_n_centers(plan.n_centers, comm.n_total)
-        streams = RandomStreams(broadcast_seed(comm, self._draw_seed()))
-        rows, input_scaling = scale_inputs(TrainingRows(Xt, Y, comm), plan.normalize_X)
-        if validation is not None and input_scaling is not None:  # the predictor works in standardised inputs
-            validation = (input_scaling.apply(validation[0]), validation[1])
-        rows, scaling = scale_targets(rows, plan.normalize_y)
-        start = time.perf_counter()
-        # the solver fits (y - shift) / scale - mean: validation predictions are mapped back before scoring
-        shift: dict[str, Tensor] = {"mean": torch.zeros(Y.shape[1], dtype=Y.dtype, device=Y.device)}
-        if plan.normalize_y:
-            shift.update(y_train_mean=scaling.mean, y_train_std=scaling.std)
-        mapped = plan.normalize_y or plan.objective is not None
-        metric = _in_target_units(self._validation_metric, shift) if mapped else self._validation_metric
-        progress = bool(self.progress) and comm.rank == 0  # one rank's stop request stops all; one progress bar
-        if shard is None:
-            monitor = Monitor(self.callback, progress, validation, metric)
-        else:
-            monitor = ShardedMonitor(shard, self.callback, progress, validation, metric)
-        with _closing(monitor):
-            result = run(plan, rows, scaling, kernel, streams, monitor, shift, input_scaling)
-        self._set_fitted(
-            plan_solver=plan.solver.name,
-            result=result,
-            recipe=plan.recipe,
-            seed=streams.seed,
-            n_features=Xt.shape[1],
-            targets=targets,
-            fit_time=time.perf_counter() - start,
-            chunks_seen=1,  # a partial_fit continuing this fit draws from the next solve streams
-            shard=shard,
-            feature_names=feature_names,
+        fitted = fit_model(
+            self.get_params(), Xt, Y, channel, validation=validation, validation_metric=self._validation_metric
         )
+        self._write_fit(fitted, targets, feature_names)
         return self
 
+    def _write_fit(self, fitted: ModelFit, targets: dict[str, Any], feature_names: np.ndarray | None) -> None:
+        """The fitted attributes of a :class:`kgp.fitting.fit.ModelFit` (see :meth:`_set_fitted`)."""
+        self._set_fitted(
+            solver_name=fitted.solver.name,
+            solver=fitted.solver.plugin,
+            result=fitted.result,
+            recipe=fitted.recipe,
+            seed=fitted.seed,
+            n_features=fitted.n_features,
+            targets=targets,
+            fit_time=fitted.fit_time,
+            chunks_seen=fitted.chunks_seen,
+            shard=fitted.shard,
+            feature_names=feature_names,
+        )
+
     def _draw_seed(self) -> int:
-        if self.random_state is not None:
-            return int(self.random_state)
-        return int(torch.randint(0, 2**62, (1,)).item())
+        return draw_seed(self.random_state)
 
     def _build_kernel(
         self, dtype: torch.dtype, device, n_features: int | None = None, plan: FitPlan | None = None
     ) -> gpytorch.kernels.Kernel:
-        ard = plan.ard if plan is not None else switches(self.get_params(), learning=self.learn is not None)["ard"]
-        if isinstance(self.kernel, str):
-            kernel = make_kernel(self.kernel, self.lengthscale)
-            if ard and n_features is not None:
-                # one lengthscale per input dimension, all starting at the given value
-                ard_kernel = type(kernel)(ard_num_dims=n_features, **_kernel_kwargs(kernel))
-                ard_kernel.lengthscale = kernel.lengthscale.detach().expand(1, n_features)
-                kernel = ard_kernel
-            if self.learn is not None and self.kernel.lower() != "linear":
-                # a GP's amplitude is a hyperparameter too: learned with the lengthscales (starts at 1)
-                kernel = gpytorch.kernels.ScaleKernel(kernel)
-            kernel = kernel.to(device=device, dtype=dtype)
-            if self.lengthscale is not None:
-                # GPyTorch builds the parameter in float32 (0.8 becomes 0.800000012): set it again in the fit's dtype
-                for module in kernel.modules():
-                    if getattr(module, "has_lengthscale", False):
-                        module.lengthscale = torch.full_like(module.lengthscale, float(self.lengthscale))
-            return kernel
-        kernel = copy.deepcopy(self.kernel)  # fitting never mutates the user's kernel object
-        return kernel.to(device=device, dtype=dtype)
+        """The kernel a fit of ``plan`` builds (:func:`kgp.fitting.fit.build_kernel`); without a plan, the
+        ``ard`` switch as the parameters resolve it."""
+        params = self.get_params()
+        ard = plan.ard if plan is not None else switches(params, learning=self.learn is not None)["ard"]
+        return build_kernel(params, ard, dtype, device, n_features)
 
     def _validation(self, validation_data, X: Tensor, targets: dict[str, Any]) -> tuple[Tensor, Tensor] | None:
         if validation_data is None:
@@ -284,26 +222,31 @@ class BaseKernelModel(GPQuantities, SklearnProtocol):
     def _set_fitted(
         self,
         *,
-        plan_solver: str,
+        solver_name: str,
+        solver: Any,
         result: FitResult,
         seed: int,
         n_features: int,
         targets: dict[str, Any],
         fit_time: float,
         chunks_seen: int = 0,
-        shard: _dist.Shard | None = None,
+        shard: dist.Shard | None = None,
         feature_names: np.ndarray | None = None,
         recipe: Any = None,
     ) -> None:
-        """Write every fitted attribute (the one place that does: fit, partial_fit and load call it)."""
+        """Write every fitted attribute (the one place that does: fit, partial_fit and load call it).
+
+        ``solver`` is the plugin object of ``solver_name`` (the one the fit's plan resolved, or the one
+        :func:`kgp.load` found); ``recipe`` plain values or a :class:`kgp.recipes.RecipeChoice`.
+        """
         posterior = result.posterior
         centers: Centers | None = result.centers
         self.posterior_ = posterior
         # what solver='auto' / learn='auto' chose and why (kgp.recipes); None when nothing was left to it
         self.recipe_ = recipe if recipe is None or isinstance(recipe, dict) else recipe.as_dict()
         self.kernel_ = posterior.kernel
-        self.solver_name_ = plan_solver
-        self.solver_ = get_solver(plan_solver)
+        self.solver_name_ = solver_name
+        self.solver_ = solver
         self.predictor_ = posterior.predictor
         points = None if centers is None else centers.points
         if points is not None and posterior.input_scaling is not None:

@@ -8,7 +8,7 @@ from torch import Tensor
 
 from .. import distributed as _dist
 from .base import BaseKernelModel
-from .regressor import _numpy
+from .regressor import as_numpy
 
 __all__ = ["KernelClassifier"]
 
@@ -163,7 +163,7 @@ def _labels(y, name: str, allow_empty: bool = False) -> np.ndarray:
     (not continuous floats), mutually sortable."""
     if y is None:
         raise ValueError(f"{name}: Expected array-like (array or non-string sequence), got None")
-    arr = _numpy(y)
+    arr = as_numpy(y)
     if arr.ndim == 2 and arr.shape[1] == 1:
         raise ValueError(f"{name}: expected 1-D class labels, got a column of shape {arr.shape}; use y.ravel()")
     if arr.ndim != 1:

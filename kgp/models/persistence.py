@@ -268,7 +268,8 @@ def model_from_state(cls: type, state: dict[str, Any], path, device: torch.devic
         _learn_summary(path, learning.get("summary")),
     )
     model._set_fitted(
-        plan_solver=solver_name,
+        solver_name=solver_name,
+        solver=solver,
         result=FitResult(posterior, centers, learned, []),
         seed=fitted["seed"],
         n_features=fitted["n_features_in"],

@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import torch
 from torch import Tensor
 
-from ..fitting import LocalComm, RandomStreams, TrainingRows, resolve_plan
-from ..fitting.plan import DataShape, check_device
-from ..fitting.stages import FitResult, Learned, learn, scale_inputs, scale_targets, select_centers, solve
-from ..monitor import Monitor
-from ..posterior import TargetScaling
+from ..fitting.fit import ChunkState, fit_chunk, learn_only
+from ..fitting.plan import check_device
 from ..validation import resolve_dtype, to_tensor
-from .base import BaseKernelModel, _closing
+from .base import BaseKernelModel
 from .sklearn_compat import feature_names_of, solver_method
 
 __all__ = ["KernelRegressor"]
@@ -176,68 +171,30 @@ class KernelRegressor(BaseKernelModel):
         chunk ``c`` (:class:`kgp.fitting.RandomStreams`).
         The method exists only when the solver implements it (``hasattr(model, "partial_fit")``).
         """
-        if self.solver == "auto":
-            raise ValueError(
-                "partial_fit: solver='auto' chooses a solver from the whole training set; name a streaming "
-                "solver (e.g. solver='dsg')"
-            )
-        plan = resolve_plan(self.get_params())
-        feature_names = feature_names_of(X)
         first = "posterior_" not in self.__dict__
-        if not first:
+        if first:
+            feature_names, dtype, device = feature_names_of(X), resolve_dtype(self.dtype), check_device(self.device)
+        else:
             self._check_feature_names(X)
-        if not plan.solver.capabilities.partial_fit:
-            raise ValueError(f"solver {self.solver!r} does not support partial_fit")
-        if self.learn is not None or plan.normalize_y or plan.normalize_X:
-            raise ValueError("partial_fit: learn, normalize_y and normalize_X need the whole training set; use fit")
-        dtype, device = (plan.dtype, plan.device) if first else (self.dtype_, self.device_)
+            feature_names, dtype, device = getattr(self, "feature_names_in_", None), self.dtype_, self.device_
         Xt = to_tensor(X, "X", ndim=(2,), dtype=dtype, device=device)
         Y, targets = self._encode_fit_targets(y, Xt)
         if Y.shape[0] != Xt.shape[0]:
             raise ValueError(f"X and y: expected the same number of samples, got {Xt.shape[0]} and {Y.shape[0]}")
-        if first:
-            seed, kernel, chunks, history = (
-                self._draw_seed(),
-                self._build_kernel(Xt.dtype, Xt.device, Xt.shape[1], plan),
-                0,
-                [],
-            )
-            previous = None
-        else:
-            if Xt.shape[1] != self.n_features_in_ or Y.shape[1] != self.n_outputs_:
-                raise ValueError(
-                    f"partial_fit: expected chunks of {self.n_features_in_} features and {self.n_outputs_} "
-                    f"output(s) like the first chunk, got {Xt.shape[1]} and {Y.shape[1]}"
-                )
-            seed, kernel, chunks, history = self.seed_, self.kernel_, self._chunks_seen, list(self.history_)
+        previous = None
+        if not first:
             targets = {"_y_ndim": self._y_ndim, "n_outputs_": self.n_outputs_}
-            previous = self.predictor_
-        start = time.perf_counter()
-        monitor = Monitor(self.callback, bool(self.progress))
-        rows = TrainingRows(Xt, Y, LocalComm(Xt.shape[0]))
-        learned = Learned(kernel, float(self.noise), torch.zeros(Y.shape[1], dtype=Y.dtype, device=Y.device))
-        with _closing(monitor):
-            posterior = solve(
-                plan,
-                rows,
-                None,
-                learned,
-                TargetScaling.identity(Y),
-                RandomStreams(seed),
-                monitor,
-                chunk=chunks,
-                previous=previous,
+            previous = ChunkState(
+                seed=self.seed_,
+                kernel=self.kernel_,
+                chunks_seen=self._chunks_seen,
+                history=list(self.history_),
+                predictor=self.predictor_,
+                fit_time=self.fit_time_,
+                n_features=self.n_features_in_,
+                n_outputs=self.n_outputs_,
             )
-        self._set_fitted(
-            plan_solver=plan.solver.name,
-            result=FitResult(posterior, None, learned, history + list(monitor.history)),
-            seed=seed,
-            n_features=Xt.shape[1],
-            targets=targets,
-            fit_time=time.perf_counter() - start + (0.0 if first else self.fit_time_),
-            chunks_seen=chunks + 1,
-            feature_names=feature_names if first else getattr(self, "feature_names_in_", None),
-        )
+        self._write_fit(fit_chunk(self.get_params(), Xt, Y, previous), targets, feature_names)
         return self
 
     def predict(self, X, return_std: bool = False, *, include_noise: bool = False):
@@ -307,39 +264,16 @@ class KernelRegressor(BaseKernelModel):
         target units), ``history`` (the minimised value per evaluation) and the input and target
         scalings (``x_mean``, ``x_std``, ``y_mean``, ``y_std``; None when off).
         """
-        params = self.get_params()
-        if params["learn"] is None:
-            raise ValueError("fit_hyperparameters: set learn (e.g. learn='auto') to learn hyperparameters")
-        plan = resolve_plan(params)
         Xt = to_tensor(X, "X", ndim=(2,), dtype=resolve_dtype(self.dtype), device=check_device(self.device))
         Y, _ = self._encode_fit_targets(y, Xt)
         if Y.shape[0] != Xt.shape[0]:
             raise ValueError(f"X and y: expected the same number of samples, got {Xt.shape[0]} and {Y.shape[0]}")
-        if plan is None:
-            plan = resolve_plan(params, DataShape(Xt.shape[0], Xt.shape[1], Y.shape[1], Xt.dtype, Xt.device))
-        streams = RandomStreams(self._draw_seed())
-        kernel = self._build_kernel(Xt.dtype, Xt.device, Xt.shape[1], plan)
-        rows, input_scaling = scale_inputs(TrainingRows(Xt, Y, LocalComm(Xt.shape[0])), plan.normalize_X)
-        rows, scaling = scale_targets(rows, plan.normalize_y)
-        monitor = Monitor(self.callback, bool(self.progress))
-        with _closing(monitor):
-            centers = select_centers(plan, rows, kernel, streams, input_scaling)
-            learned = learn(plan, rows, kernel, centers, streams, monitor)
-        return {
-            "kernel": learned.kernel,
-            "noise": learned.noise,
-            "mean": learned.mean,
-            "history": learned.history,
-            "x_mean": None if input_scaling is None else input_scaling.mean,
-            "x_std": None if input_scaling is None else input_scaling.std,
-            "y_mean": scaling.mean if plan.normalize_y else None,
-            "y_std": scaling.std if plan.normalize_y else None,
-        }
+        return learn_only(self.get_params(), Xt, Y).as_dict()
 
     def score(self, X, y) -> float:
         """Coefficient of determination R^2 (averaged uniformly over outputs)."""
-        pred = np.asarray(_numpy(self.predict(X)), dtype=np.float64)
-        target = np.asarray(_numpy(y), dtype=np.float64).reshape(pred.shape)
+        pred = np.asarray(as_numpy(self.predict(X)), dtype=np.float64)
+        target = np.asarray(as_numpy(y), dtype=np.float64).reshape(pred.shape)
         if target.ndim == 1:
             target, pred = target[:, None], pred[:, None]
         ss_res = ((target - pred) ** 2).sum(axis=0)
@@ -348,5 +282,5 @@ class KernelRegressor(BaseKernelModel):
         return float(r2.mean())
 
 
-def _numpy(a):
+def as_numpy(a):
     return a.detach().cpu().numpy() if isinstance(a, Tensor) else np.asarray(a)
