@@ -225,8 +225,8 @@ EXPECTED = {
     ("solver", "eigenpro"): kgp.Capabilities(uses_centers=True, target="nystrom", distributed=True),
     ("solver", "dsg"): kgp.Capabilities(target="mean_only", distributed=True, partial_fit=True),
     ("selector", "uniform"): kgp.Capabilities(distributed=True),
-    ("selector", "bless"): kgp.Capabilities(distributed=True),
-    ("selector", "bless-r"): kgp.Capabilities(distributed=True),
+    ("selector", "bless"): kgp.Capabilities(distributed=True, uses_kernel=True),
+    ("selector", "bless-r"): kgp.Capabilities(distributed=True, uses_kernel=True),
 }
 
 
