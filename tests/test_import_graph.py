@@ -88,3 +88,23 @@ def test_kgp_import_graph_has_no_cycle():
 def test_cycle_finder_finds_a_planted_cycle():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def private_imports(root: Path) -> list[str]:
+    """``file:line name`` for every ``from x import _name`` under ``root``: a module's private names stay in it."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+                found += [f"{path}:{node.lineno} {a.name}" for a in node.names if a.name[:1] == "_" != a.name[1:2]]
+    return found
+
+
+def test_no_private_name_is_imported_across_modules():
+    plugins = PACKAGE.parent / "plugins"
+    assert private_imports(PACKAGE) + private_imports(plugins) == []
+
+
+def test_private_import_finder_finds_one(tmp_path):
+    (tmp_path / "a.py").write_text("from __future__ import annotations\nfrom .b import public, _private\n")
+    assert private_imports(tmp_path) == [f"{tmp_path / 'a.py'}:2 _private"]
