@@ -10,6 +10,16 @@ Usage::
     env OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bench_eigenpro4.py [--quick] [--epochs E] [--centers M ...]
 
 ``--quick``: letter only, M = 1000.
+
+``--reference PATH``: also run the EigenPro 4 reference code (github.com/EigenPro/EigenPro, the package
+directory ``eigenpro/`` under PATH, e.g. ``git -C <mirror> archive HEAD eigenpro | tar -x -C /tmp/ep4ref``;
+nothing of it is committed) in the same process, right after kgp's fits, with the same centers, kernel
+(its ``laplacian`` with bandwidth = kgp's lengthscale), epochs and float32; its own settings otherwise
+(one-hot {0, 1} targets, no ridge term, the example's s = 2,000 / q = 100 for the data and the model
+preconditioners, s capped at M; ``tmp_centers_coeff`` 2, raised below M = 4,000 so that one of its
+batches fits its temporary-center buffer). Local shims, none changing the algorithm: ``tabulate`` and ``termcolor``
+(used only to print its configuration) are replaced by plain-text stand-ins when not installed, and its
+printed output is discarded. Its time includes its own per-epoch test evaluation.
 """
 
 from __future__ import annotations
@@ -63,11 +73,87 @@ def fit(solver, name, Z, Xtr, ytr, Xte, yte, epochs, options=None):
     return clf.score(Xte, yte), time.perf_counter() - t0, clf.history_[-1].extras
 
 
+def _shim_printing_modules():
+    """Plain stand-ins for the reference's ``tabulate`` / ``termcolor`` (printing only) when not installed."""
+    import sys
+    import types
+
+    for name, attr, fn in (
+        ("tabulate", "tabulate", lambda rows, *a, **k: "\n".join(str(r) for r in rows)),
+        ("termcolor", "colored", lambda text, *a, **k: str(text)),
+    ):
+        try:
+            __import__(name)
+        except ImportError:
+            module = types.ModuleType(name)
+            setattr(module, attr, fn)
+            sys.modules[name] = module
+
+
+def run_reference(path, name, Z, Xtr, ytr, Xte, yte, epochs):
+    """Fit the reference code (see the module docstring); returns (accuracy, seconds)."""
+    import contextlib
+    import io
+    import sys
+
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+    _shim_printing_modules()
+    import eigenpro.kernels as ref_kernels
+    import eigenpro.models.sharded_kernel_machine as skm
+    import eigenpro.solver as ref_solver
+    import eigenpro.utils.device as ref_device
+
+    np.random.seed(SEED)
+    torch.manual_seed(SEED)
+    classes = np.unique(ytr)
+    X = torch.as_tensor(Xtr)
+    Y = torch.as_tensor((ytr[:, None] == classes[None, :]).astype(np.float32))
+    x = torch.as_tensor(Xte)
+    yt = torch.as_tensor((yte[:, None] == classes[None, :]).astype(np.float32))
+    bw = LENGTHSCALE[name]
+
+    def kernel_fn(a, b):
+        return ref_kernels.laplacian(a, b, bandwidth=bw)
+
+    M = Z.shape[0]
+    # its temporary-center buffer holds (coeff - 1) M rows and one batch must fit it: with coeff = 2 its critical
+    # batch (1,500 on letter) overflowed M = 1,000, so small models get more room (the period grows with it)
+    coeff = 2 if M >= 4000 else 1 + -(-4000 // M)
+    t0 = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        device = ref_device.Device.create(use_gpu_if_available=False)
+        model = skm.create_sharded_kernel_machine(
+            Z.clone(), Y.shape[1], kernel_fn, device, dtype=torch.float32, tmp_centers_coeff=coeff
+        )
+        model = ref_solver.fit(
+            model,
+            X,
+            Y,
+            x,
+            yt,
+            device,
+            dtype=torch.float32,
+            kernel=kernel_fn,
+            n_data_pcd_nyst_samples=2000,
+            n_model_pcd_nyst_samples=min(2000, M),
+            n_data_pcd_eigenvals=100,
+            n_model_pcd_eigenvals=min(100, M // 2),
+            epochs=epochs,
+            tmp_centers_coeff=coeff,
+        )
+    seconds = time.perf_counter() - t0
+    with torch.no_grad():
+        pred = torch.cat([model(c) for c in x.split(1024)]).argmax(1).numpy()
+    return float((classes[pred] == yte).mean()), seconds
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--centers", type=int, nargs="*", default=None)
+    ap.add_argument("--reference", default=None, help="directory holding the reference's eigenpro/ package")
     args = ap.parse_args()
     sets = ["letter"] if args.quick else ["letter", "mnist_5k"]
     centers = args.centers or ([1000] if args.quick else [1000, 4000])
@@ -75,8 +161,16 @@ def main():
         f"host: {platform.processor() or platform.machine()}, torch threads {torch.get_num_threads()}, "
         f"load {os.getloadavg()[0]:.2f} (start); epochs {args.epochs}"
     )
-    print("| data | M | eigenpro acc | eigenpro s | eigenpro4 acc | eigenpro4 s | time ratio | eigenpro4 batch / T |")
-    print("|---|---|---|---|---|---|---|---|")
+    ref = Path(args.reference) if args.reference else None
+    if ref is not None and not (ref / "eigenpro" / "solver.py").exists():
+        print(f"SKIP reference: no eigenpro/solver.py under {ref}")
+        ref = None
+    extra = " reference acc | reference s | reference s / eigenpro4 s |" if ref else ""
+    print(
+        "| data | M | eigenpro acc | eigenpro s | eigenpro4 acc | eigenpro4 s | eigenpro s / eigenpro4 s |"
+        " eigenpro4 batch / T |" + extra
+    )
+    print("|---" * (8 + (3 if ref else 0)) + "|")
     for name in sets:
         Xtr, ytr, Xte, yte = load(name)
         n = Xtr.shape[0]
@@ -86,11 +180,14 @@ def main():
             Z = torch.as_tensor(Xtr[idx.numpy()])
             acc3, t3, _ = fit("eigenpro", name, Z, Xtr, ytr, Xte, yte, args.epochs)
             acc4, t4, ex = fit("eigenpro4", name, Z, Xtr, ytr, Xte, yte, args.epochs)
-            print(
+            row = (
                 f"| {name} | {M} | {100 * acc3:.2f} | {t3:.1f} | {100 * acc4:.2f} | {t4:.1f} | {t3 / t4:.2f}x | "
-                f"{ex['batch_size']} / {ex['projection_period']} |",
-                flush=True,
+                f"{ex['batch_size']} / {ex['projection_period']} |"
             )
+            if ref is not None:
+                accr, tr = run_reference(ref, name, Z, Xtr, ytr, Xte, yte, args.epochs)
+                row += f" {100 * accr:.2f} | {tr:.1f} | {tr / t4:.2f}x |"
+            print(row, flush=True)
     print(f"load {os.getloadavg()[0]:.2f} (end)")
 
 

@@ -208,10 +208,22 @@ def test_never_an_m_by_m_block_and_the_estimate_is_reported(caplog):
 
 def test_memory_plan_closed_form():
     with kgp.settings.memory_budget(2**30):
-        plan = plan_memory(n_centers=1000, s=200, q=20, capacity=1000, d=10, k=2, batch=500, itemsize=4, device=None)
-    width = 1000 + 200 + 1000
-    assert plan.state == 4 * (width * 12 + 1000 * (4 + 20) + 200 * (2 + 20))
-    assert plan.chunk == 500 and plan.block == 4 * 500 * width
+        for stored in (True, False):
+            plan = plan_memory(
+                n_centers=1000,
+                s=200,
+                q=20,
+                stored_subsample=stored,
+                capacity=1000,
+                d=10,
+                k=2,
+                batch=500,
+                itemsize=4,
+                device=None,
+            )
+            width = 1000 + (200 if stored else 0) + 1000
+            assert plan.state == 4 * (width * 12 + 1000 * (4 + 20) + 200 * (4 + 20))
+            assert plan.chunk == 500 and plan.block == 4 * 500 * width
 
 
 # ----------------------------------------------------------------------------- contracts

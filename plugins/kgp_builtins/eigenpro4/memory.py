@@ -3,7 +3,8 @@
 The fit keeps (all in the input dtype):
 
 - the expansion's points ``[Z; X_s; temporary centers]`` and their coefficients:
-  ``(M + s + C) x (d + k)``, C = T m the temporary centers' capacity;
+  ``(M + e + C) x (d + k)``, C = T m the temporary centers' capacity, e = s when the preconditioner's
+  subsample X_s is drawn from the data, 0 when from the centers (its points are then the centers');
 - on the centers: the accumulated values ``h`` of the temporary part (``M x k``), the tail average
   (``M x k``) and ``K(Z, X_s) E`` (``M x q``);
 - on the subsample: ``f(X_s)`` and ``K(X_s, X_s) E`` (``s x (k + q)``);
@@ -11,7 +12,7 @@ The fit keeps (all in the input dtype):
 - the setup's dense blocks (the Nystrom subsample ``s x s``, the held-out curvature blocks, the
   projection's own subsample), each sized within ``kgp.settings.memory_budget`` by their builders.
 
-Nothing is ``M x M``: that is O(M (d + k + q) + C (d + k) + chunk (M + s + C)). The persistent part
+Nothing is ``M x M``: that is O(M (d + k + q) + C (d + k) + chunk (M + e + C)). The persistent part
 must fit ``kgp.settings.memory_budget``; otherwise the fit is refused before any work, naming the
 number of centers and ``projection_period`` (the capacity C = T m is the other term that grows).
 """
@@ -55,6 +56,7 @@ def plan_memory(
     n_centers: int,
     s: int,
     q: int,
+    stored_subsample: bool,
     capacity: int,
     d: int,
     k: int,
@@ -70,8 +72,8 @@ def plan_memory(
         When the state exceeds ``kgp.settings.memory_budget``, naming the centers and ``projection_period``.
     """
     budget = settings.memory_budget.value(device)
-    width = n_centers + s + capacity
-    state = itemsize * (width * (d + k) + n_centers * (2 * k + q) + s * (k + q))
+    width = n_centers + (s if stored_subsample else 0) + capacity
+    state = itemsize * (width * (d + k) + n_centers * (2 * k + q) + s * (2 * k + q))
     # a step's block K(X_b, points) is formed in row chunks within the budget (at least one row)
     chunk = max(1, min(batch, budget // (itemsize * width)))
     block = itemsize * chunk * width

@@ -107,20 +107,22 @@ class EigenPro4Solver:
         known = opts["batch_size"] is not None and opts["projection_period"] is not None
         capacity0 = min(opts["projection_period"], -(-n // opts["batch_size"])) * opts["batch_size"] if known else 0
         layout = {"n_centers": M, "d": X.shape[1], "k": k, "itemsize": X.element_size(), "device": X.device}
-        plan_memory(s=s, q=q, capacity=capacity0, batch=opts["batch_size"] or 1, **layout)
+        plan_memory(
+            s=s, q=q, stored_subsample=not on_centers, capacity=capacity0, batch=opts["batch_size"] or 1, **layout
+        )
         monitor.start(total=opts["epochs"], desc=self.name)
         with torch.no_grad():
             t_setup = time.perf_counter()
-            pre, beta, lam = self._preconditioner(kop, X, Z, s, q, sigma2, on_centers, gen)
+            pre, center_index, beta, lam = self._preconditioner(kop, X, Z, s, q, sigma2, on_centers, gen)
             lam_top, beta = lam + sigma2, beta + sigma2 / n
             batch, step = critical_batch_and_step(beta, lam_top, n, opts["batch_size"])
             if opts["batch_size"] is None:
                 batch = min(batch, DEFAULT_MAX_BATCH)
             period = opts["projection_period"] or max(1, M // batch)
             capacity = min(period, -(-n // batch)) * batch  # temporaries between projections (epoch ends project)
-            plan = plan_memory(s=s, q=pre.q, capacity=capacity, batch=batch, **layout)
+            plan = plan_memory(s=s, q=pre.q, stored_subsample=not on_centers, capacity=capacity, batch=batch, **layout)
             logger.info(plan.describe())
-            state = DelayedState(kop, Z, pre, capacity, k, plan.chunk)
+            state = DelayedState(kop, Z, pre, center_index, capacity, k, plan.chunk)
             proj = DelayedProjection(
                 kop, Z, opts["projection_subsample_size"], opts["projection_q"], opts["projection_epochs"], gen
             )
@@ -182,11 +184,12 @@ class EigenPro4Solver:
     def _preconditioner(kop, X, Z, s, q, sigma2, on_centers, gen):
         r"""The Nystrom preconditioner (EigenPro 3 eq. 29-30) and the curvature of the step ``P_s (K_op + sigma^2)``.
 
-        The subsample X_s is drawn from the centers (``on_centers``) or from the training rows. Either way
+        The subsample X_s is drawn from the centers (``on_centers``; their positions are returned) or from
+        the training rows. Either way
         the curvature of each Nystrom direction, the level, and the step's per-sample curvature ``beta`` and
         top eigenvalue (sum units, ridge excluded) are measured on held-out training rows H
         (:func:`heldout_curvature` on ``K(H, H) - K(H, X_s) Q_s K(X_s, H)``).
-        Returns ``(pre, beta, lambda_top)``.
+        Returns ``(pre, center_index or None, beta, lambda_top)``.
         """
         n = X.shape[0]
         if on_centers:
@@ -199,8 +202,9 @@ class EigenPro4Solver:
             pre, Khs, Khh = nystrom_preconditioner(kop, points, sub, held, False, q, sigma2, white_noise=False, n=n)
             exact = False
         else:
+            center_index = None
             idx_s, idx_h, exact = draw_subsamples(n, s, min(s, block_rows(s, X.device)), gen, X.device)
             pre, Khs, Khh = nystrom_preconditioner(kop, X, idx_s, idx_h, exact, q, sigma2, white_noise=False, n=n)
         Mh = Khh - Khs @ pre.apply(Khs.mT) if pre.q > 0 else Khh
         beta, lam = heldout_curvature(Mh, n, exact)
-        return pre, beta, lam
+        return pre, center_index, beta, lam

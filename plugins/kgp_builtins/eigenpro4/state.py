@@ -10,7 +10,10 @@ when X_s is a subset of the centers (``preconditioner="centers"``): it largely c
 component along the top eigendirections, so it must be projected together with it; added to ``a``
 directly, the inexact projection's error on the large uncancelled gradient made the iteration diverge
 (measured: n = 2,000, M = 100, q = 10). One buffer holds the points ``[Z; X_s; X_tmp]`` and one their
-coefficients, so that a step evaluates one kernel block against all of them. Two running arrays avoid
+coefficients, so that a step evaluates one kernel block against all of them. When X_s is a subset of the
+centers (``center_index``) it is not stored again: the centers' coefficients in the buffer hold ``a + c``
+(scattered to X_s's positions), the prediction's ``K(X_b, X_s)`` columns being columns of ``K(X_b, Z)``,
+and ``c`` is kept apart for the projection. Two running arrays avoid
 kernel evaluations the step does not need:
 
 - ``h`` (M x k): the temporary part of f evaluated at Z, the right-hand side of the projection
@@ -43,6 +46,9 @@ class DelayedState:
         The model's centers (M x d).
     pre:
         The preconditioner (its subsample, ``Q_s = E diag(d) E^T``).
+    center_index:
+        Positions of the subsample among the centers when it is drawn from them, else None (it then joins
+        the buffer as extra points).
     capacity:
         Most temporary centers held before a projection (T m).
     k:
@@ -56,23 +62,28 @@ class DelayedState:
         kop: KernelOpFactory,
         Z: Tensor,
         pre: NystromPreconditioner,
+        center_index: Tensor | None,
         capacity: int,
         k: int,
         chunk: int,
     ):
         M, d = Z.shape[0], Z.shape[1]
-        extra = pre.points.shape[0]
+        s = pre.points.shape[0]
+        extra = 0 if center_index is not None else s
         self.kop, self.pre, self.M, self.extra, self.chunk = kop, pre, M, extra, chunk
+        self.center_index = center_index
+        self.c = Z.new_zeros(s, k) if center_index is not None else None  # c, kept apart from a + c
         self.points = Z.new_empty(M + extra + capacity, d)
         self.points[:M] = Z
-        self.points[M : M + extra] = pre.points
+        if extra:
+            self.points[M : M + extra] = pre.points
         self.coef = Z.new_zeros(M + extra + capacity, k)
         self.used = M + extra  # rows of points / coef in use: the centers, X_s (data subsample), the temporaries
         self.h = Z.new_zeros(M, k)
         if pre.q > 0:
             self.SE = kop(pre.points, pre.points) @ pre.E  # K(X_s, X_s) E: the correction at X_s (f_s)
             self.ZE = kop(Z, pre.points) @ pre.E  # K(Z, X_s) E: the correction at Z (h)
-        self.f_s = Z.new_zeros(extra, k)
+        self.f_s = Z.new_zeros(s, k)
 
     @property
     def Z(self) -> Tensor:
@@ -80,7 +91,7 @@ class DelayedState:
 
     @property
     def alpha(self) -> Tensor:
-        """The coefficients on the centers (a view)."""
+        """The coefficients on the centers (a view; right after :meth:`absorb`, ``a`` alone)."""
         return self.coef[: self.M]
 
     def step(self, Xb: Tensor, yb: Tensor, eta: float, sigma2_n: float) -> float:
@@ -108,12 +119,14 @@ class DelayedState:
             grad.addmm_(K[:, : M + extra].mT, gc)
         sq = float(g.pow(2).sum())
         gz = grad[:M]
-        u = grad[M:]  # K(X_s, X_b) g
+        u = grad[M:] if extra else gz[self.center_index]  # K(X_s, X_b) g
         r = u.div(m)
         if sigma2_n:
             r.add_(self.f_s, alpha=sigma2_n)
             shrink = 1.0 - eta * sigma2_n
             coef.mul_(shrink)
+            if self.c is not None:
+                self.c.mul_(shrink)
             self.h.mul_(shrink)
             self.f_s.mul_(shrink)
         # the batch's rows as temporary centers
@@ -124,7 +137,12 @@ class DelayedState:
         self.f_s.add_(u, alpha=-eta / m)
         if self.pre.q > 0:
             t = self.pre.d.unsqueeze(-1) * (self.pre.E.mT @ r)  # diag(d) E^T r, q x k
-            self.coef[M : M + extra].addmm_(self.pre.E, t, alpha=eta)
+            dc = self.pre.E @ t
+            if extra:
+                self.coef[M : M + extra].add_(dc, alpha=eta)
+            else:
+                self.c.add_(dc, alpha=eta)
+                self.coef.index_add_(0, self.center_index, dc, alpha=eta)
             self.h.addmm_(self.ZE, t, alpha=eta)
             self.f_s.addmm_(self.SE, t, alpha=eta)
         return sq
@@ -143,6 +161,9 @@ class DelayedState:
         missed part is dropped, as in the paper.
         """
         self.alpha.add_(v)
+        if self.c is not None:  # the centers' slots held a + c: c is projected (in v) and dropped
+            self.alpha.index_add_(0, self.center_index, self.c, alpha=-1.0)
+            self.c.zero_()
         self.coef[self.M :].zero_()
         self.used = self.M + self.extra
         if carry:
