@@ -20,8 +20,8 @@ from kgp.testing import LargestTensor, SolverConformance
 class TestEigenPro4Conformance(SolverConformance):
     solver_name = "eigenpro4"
     # Measured on the kit's problem with the default 10 epochs (sigma^2 = 1e-2, M = 40 of n = 150):
-    # 0.057 from the Nystrom oracle (eigenpro: 0.030); SGD's noise around the ridge solution, see
-    # test_minibatch_default_options_close_to_nystrom_ridge for the bound on a larger problem.
+    # 0.027 from the Nystrom oracle (eigenpro: 0.030; 0.011 after 30 epochs): SGD's noise around the ridge
+    # solution, see test_minibatch_default_options_close_to_nystrom_ridge for the bound on a larger problem.
     rtol = 0.1
     rtol_float32 = 0.1
     iterative = True
@@ -179,7 +179,6 @@ def test_option_declarations_are_documented():
     doc = (Path(__file__).resolve().parents[1] / "docs" / "solvers" / "eigenpro4.md").read_text()
     for name in EIGENPRO4_DEFAULTS:
         assert f"`{name}`" in doc, name
-    assert "eigenpro4" in kgp.plugin_names("solver") if hasattr(kgp, "plugin_names") else True
 
 
 # ----------------------------------------------------------------------------- memory
