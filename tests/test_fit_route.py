@@ -13,6 +13,7 @@ import torch
 
 import kgp
 import kgp.fitting.fit as fit_module
+import kgp.fitting.plan as plan_module
 from kgp.fitting.fit import ModelFit, fit_model
 from kgp.fitting.memory_estimate import CPU_BLOCK_BYTES
 from kgp.registry import get_solver
@@ -42,20 +43,29 @@ def test_partial_fit_chunks_continue_the_first():
         model.partial_fit(X[:10, :2], y[:10])
 
 
-def test_the_plan_is_resolved_once_from_the_data_shape(monkeypatch):
-    shapes = []
-    resolve = fit_module.resolve_plan
+def test_parameters_are_checked_once_and_the_plan_resolved_once_from_the_data_shape(monkeypatch):
+    checks, shapes = [], []
+    check, resolve = plan_module.check_parameters, plan_module.PendingPlan.resolve
 
-    def counted(params, shape=None):
+    def counted_check(params):
+        checks.append(params["solver"])
+        return check(params)
+
+    def counted_resolve(self, shape):
         shapes.append(shape)
-        return resolve(params, shape)
+        return resolve(self, shape)
 
-    monkeypatch.setattr(fit_module, "resolve_plan", counted)
+    monkeypatch.setattr(plan_module, "check_parameters", counted_check)
+    monkeypatch.setattr(plan_module.PendingPlan, "resolve", counted_resolve)
     X, y = _data(300)
     model = kgp.KernelRegressor(random_state=0).fit(X, y)
-    assert len(shapes) == 1 and (shapes[0].n, shapes[0].d, shapes[0].k) == (300, 3, 1)
+    assert checks == ["auto"] and len(shapes) == 1 and (shapes[0].n, shapes[0].d, shapes[0].k) == (300, 3, 1)
     # the solver attribute is the object the plan resolved, not a second look-up
     assert model.solver_name_ == "exact" and model.solver_ is get_solver("exact")
+    # a bad parameter is reported before the data are looked at, once
+    with pytest.raises(ValueError, match="maxiter"):
+        kgp.KernelRegressor(solver="falkon", solver_options={"maxiter": 0}).fit("not an array", None)
+    assert checks == ["auto", "falkon"]
 
 
 def test_fit_model_returns_the_fit_and_changes_nothing_it_was_given():

@@ -3,8 +3,9 @@
 The estimator converts its inputs (tensors, encoded targets, feature names), calls one function of this
 module and writes the fitted attributes from what it returns:
 
-* :func:`fit_model` -- ``fit``: the data's shape is known first (all ranks' rows in a distributed fit),
-  the plan is resolved from the parameters and that shape once (:func:`kgp.fitting.resolve_plan`), then
+* :func:`fit_model` -- ``fit``: the parameters are checked once before the data are looked at
+  (:func:`kgp.fitting.plan.prepare_plan`, which resolves the plan unless a recipe needs the data); the
+  data's shape is known next (all ranks' rows in a distributed fit), a plan waiting for it is resolved, then
   the kernel, the checks that precede any heavy work (the ranks' agreement, the plugins' distributed
   capability, the number of centers, the memory estimate), the seed, the scalings, and the three stages;
 * :func:`fit_chunk` -- ``partial_fit``: one chunk of a streaming fit, continuing a :class:`ChunkState`;
@@ -37,7 +38,7 @@ from ..safeguards import check_memory
 from ..validation import check_n_centers
 from ..variance import for_target
 from .memory_estimate import FitMemory, check_fit_memory, estimate_fit_memory
-from .plan import AUTO, DataShape, FitPlan, PluginChoice, RandomStreams, resolve_plan
+from .plan import AUTO, DataShape, FitPlan, PendingPlan, PluginChoice, RandomStreams, prepare_plan
 from .rows import LocalComm, TrainingRows, broadcast_seed, comm_for, describe_fit
 from .stages import (
     FitResult,
@@ -240,6 +241,7 @@ def fit_model(
     Y: Tensor,
     channel: Any = None,
     *,
+    plan: FitPlan | PendingPlan | None = None,
     validation: tuple[Tensor, Tensor] | None = None,
     validation_metric: Callable[[Tensor, Tensor], float] | None = None,
 ) -> ModelFit:
@@ -253,6 +255,9 @@ def fit_model(
         The converted inputs and encoded targets (this rank's rows in a distributed fit, possibly none).
     channel:
         None for a fit in one process, else the distributed fit's channel (:func:`kgp.distributed.guarded`).
+    plan:
+        What :func:`kgp.fitting.plan.prepare_plan` made of ``params`` before the caller converted the data
+        (so that a bad parameter is reported before bad data); None: prepared here.
     validation, validation_metric:
         ``(X_val, Y_val)`` in the user's units, and the metric iterative solvers report on it (None: the
         mean squared error).
@@ -276,7 +281,8 @@ def fit_model(
         counts = {"number of features": X.shape[1], "number of outputs": Y.shape[1]}
         shard = dist.shard_rows(channel, X.shape[0], **counts)
     comm = comm_for(shard, X.shape[0])
-    plan = resolve_plan(params, DataShape(comm.n_total, X.shape[1], Y.shape[1], X.dtype, X.device, shard is not None))
+    shape = DataShape(comm.n_total, X.shape[1], Y.shape[1], X.dtype, X.device, shard is not None)
+    plan = _complete(params, plan, shape)
     kernel = build_kernel(params, plan.ard, X.dtype, X.device, X.shape[1])
     if shard is not None:
         # every rank fits the same model, or every rank raises the same ValueError naming the parameter,
@@ -327,10 +333,17 @@ def fit_model(
     )
 
 
-def fit_chunk(params: Mapping[str, Any], X: Tensor, Y: Tensor, previous: ChunkState | None = None) -> ModelFit:
+def fit_chunk(
+    params: Mapping[str, Any],
+    X: Tensor,
+    Y: Tensor,
+    previous: ChunkState | None = None,
+    plan: FitPlan | PendingPlan | None = None,
+) -> ModelFit:
     """One chunk of a streaming fit (``partial_fit``): the solver's ``partial_fit`` on ``X``, ``Y``.
 
-    ``previous``: the fit so far (None: the first chunk, which draws the seed and builds the kernel).
+    ``previous``: the fit so far (None: the first chunk, which draws the seed and builds the kernel);
+    ``plan``: as for :func:`fit_model`.
     Chunk ``c`` draws from the solve stream of chunk ``c`` (:class:`kgp.fitting.RandomStreams`).
 
     Raises
@@ -344,7 +357,7 @@ def fit_chunk(params: Mapping[str, Any], X: Tensor, Y: Tensor, previous: ChunkSt
             "partial_fit: solver='auto' chooses a solver from the whole training set; name a streaming "
             "solver (e.g. solver='dsg')"
         )
-    plan = resolve_plan(params, DataShape(X.shape[0], X.shape[1], Y.shape[1], X.dtype, X.device))
+    plan = _complete(params, plan, DataShape(X.shape[0], X.shape[1], Y.shape[1], X.dtype, X.device))
     if not plan.solver.capabilities.partial_fit:
         raise ValueError(f"solver {params['solver']!r} does not support partial_fit")
     if plan.objective is not None or plan.normalize_y or plan.normalize_X:
@@ -414,8 +427,12 @@ class LearnedOnly:
         }
 
 
-def learn_only(params: Mapping[str, Any], X: Tensor, Y: Tensor) -> LearnedOnly:
+def learn_only(
+    params: Mapping[str, Any], X: Tensor, Y: Tensor, plan: FitPlan | PendingPlan | None = None
+) -> LearnedOnly:
     """Select the centers and learn the hyperparameters of ``params`` on ``X``, ``Y``, without solving.
+
+    ``plan``: as for :func:`fit_model`.
 
     Raises
     ------
@@ -424,7 +441,7 @@ def learn_only(params: Mapping[str, Any], X: Tensor, Y: Tensor) -> LearnedOnly:
     """
     if params["learn"] is None:
         raise ValueError("fit_hyperparameters: set learn (e.g. learn='auto') to learn hyperparameters")
-    plan = resolve_plan(params, DataShape(X.shape[0], X.shape[1], Y.shape[1], X.dtype, X.device))
+    plan = _complete(params, plan, DataShape(X.shape[0], X.shape[1], Y.shape[1], X.dtype, X.device))
     streams = RandomStreams(draw_seed(params["random_state"]))
     kernel = build_kernel(params, plan.ard, X.dtype, X.device, X.shape[1])
     rows, input_scaling = scale_inputs(TrainingRows(X, Y, LocalComm(X.shape[0])), plan.normalize_X)
@@ -442,6 +459,12 @@ def learn_only(params: Mapping[str, Any], X: Tensor, Y: Tensor) -> LearnedOnly:
         y_mean=scaling.mean if plan.normalize_y else None,
         y_std=scaling.std if plan.normalize_y else None,
     )
+
+
+def _complete(params: Mapping[str, Any], plan: FitPlan | PendingPlan | None, shape: DataShape) -> FitPlan:
+    """The fit's plan: ``plan`` as prepared (or prepared now), resolved for the data's ``shape`` if it waited."""
+    prepared = prepare_plan(params) if plan is None else plan
+    return prepared.resolve(shape) if isinstance(prepared, PendingPlan) else prepared
 
 
 def _in_target_units(

@@ -26,9 +26,11 @@ __all__ = [
     "DEFAULT_SELECTOR",
     "DEFAULT_SOLVER",
     "FitPlan",
+    "PendingPlan",
     "PluginChoice",
     "RandomStreams",
     "check_device",
+    "prepare_plan",
     "resolve_plan",
 ]
 
@@ -127,6 +129,42 @@ class DataShape:
     distributed: bool = False
 
 
+@dataclass(frozen=True)
+class PendingPlan:
+    """Checked parameters whose plan waits for the data's shape: ``solver="auto"`` or ``learn="auto"``.
+
+    Made by :func:`prepare_plan`; :meth:`resolve` asks the recipe and assembles the plan without checking
+    the parameters again.
+    """
+
+    params: Mapping[str, Any]
+    auto_solver: bool
+    auto_learn: bool
+
+    def resolve(self, shape: DataShape) -> FitPlan:
+        """The plan, with the recipe's choices for the data of ``shape``."""
+        choice = _recipe_choice(self.params, shape, self.auto_solver, self.auto_learn)
+        return _assemble(self.params, choice, self.auto_solver, self.auto_learn)
+
+
+def prepare_plan(params: Mapping[str, Any]) -> FitPlan | PendingPlan:
+    """Check every estimator parameter once, before the data are looked at; resolve the plan if it can be.
+
+    Without ``"auto"`` the plan is complete (plugins looked up, options validated); with ``solver="auto"``
+    or ``learn="auto"`` a :class:`PendingPlan` is returned, resolved once the data's shape is known.
+
+    Raises
+    ------
+    ValueError, TypeError
+        Naming the parameter and what was expected; unknown plugin names list the available ones.
+    """
+    _check_parameters(params)
+    auto_solver, auto_learn = params["solver"] == AUTO, params["learn"] == AUTO
+    if auto_solver or auto_learn:
+        return PendingPlan(params, auto_solver, auto_learn)
+    return _assemble(params, None, auto_solver, auto_learn)
+
+
 def resolve_plan(params: Mapping[str, Any], shape: DataShape | None = None) -> FitPlan | None:
     """Check every estimator parameter and resolve the plugins, before any data work.
 
@@ -134,7 +172,8 @@ def resolve_plan(params: Mapping[str, Any], shape: DataShape | None = None) -> F
     checked against their declarations (:data:`kgp.fitting.parameters.ESTIMATOR_PARAMETERS`), then
     the rules between them. With ``solver="auto"`` or ``learn="auto"`` the recipe plugin ``"auto"``
     (:mod:`kgp.recipes`) chooses those values from the data's ``shape``; called without a shape, the
-    parameters are checked and None is returned (the fit calls again once the data's shape is known).
+    parameters are checked and None is returned (:func:`prepare_plan` keeps the checked parameters for
+    the shape instead).
 
     The recipe's values enter in one place, :func:`_assemble`, under kgp's one precedence rule
     (:mod:`kgp.options`): its plugin names replace ``"auto"``, its ``n_centers`` fills a None, and its
@@ -145,14 +184,10 @@ def resolve_plan(params: Mapping[str, Any], shape: DataShape | None = None) -> F
     ValueError, TypeError
         Naming the parameter and what was expected; unknown plugin names list the available ones.
     """
-    _check_parameters(params)
-    auto_solver, auto_learn = params["solver"] == AUTO, params["learn"] == AUTO
-    choice = None
-    if auto_solver or auto_learn:
-        if shape is None:
-            return None
-        choice = _recipe_choice(params, shape, auto_solver, auto_learn)
-    return _assemble(params, choice, auto_solver, auto_learn)
+    prepared = prepare_plan(params)
+    if isinstance(prepared, FitPlan):
+        return prepared
+    return None if shape is None else prepared.resolve(shape)
 
 
 def _check_parameters(params: Mapping[str, Any]) -> None:

@@ -21,7 +21,7 @@ from torch import Tensor
 from .. import distributed as dist
 from ..diagnostics import not_fitted
 from ..fitting.fit import ModelFit, build_kernel, draw_seed, fit_model
-from ..fitting.plan import FitPlan, check_device, switches
+from ..fitting.plan import FitPlan, check_device, prepare_plan, switches
 from ..fitting.stages import FitResult
 from ..monitor import IterationInfo
 from ..plugin import Centers
@@ -159,6 +159,8 @@ class BaseKernelModel(GPQuantities, SklearnProtocol):
 
         ``channel`` is None for a local fit, else the distributed fit's channel.
         """
+        params = self.get_params()
+        plan = prepare_plan(params)  # a bad parameter is reported before the data are looked at
         feature_names = feature_names_of(X)
         dtype, device = resolve_dtype(self.dtype), check_device(self.device)
         warn_if_cast_collapses(X, dtype, feature_names)
@@ -171,7 +173,7 @@ class BaseKernelModel(GPQuantities, SklearnProtocol):
             raise ValueError(f"X and y: expected the same number of samples, got {Xt.shape[0]} and {Y.shape[0]}")
         validation = self._validation(validation_data, Xt, targets)
         fitted = fit_model(
-            self.get_params(), Xt, Y, channel, validation=validation, validation_metric=self._validation_metric
+            params, Xt, Y, channel, plan=plan, validation=validation, validation_metric=self._validation_metric
         )
         self._write_fit(fitted, targets, feature_names)
         return self

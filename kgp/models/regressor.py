@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 from ..fitting.fit import ChunkState, fit_chunk, learn_only
-from ..fitting.plan import check_device
+from ..fitting.plan import check_device, prepare_plan
 from ..validation import resolve_dtype, to_tensor
 from .base import BaseKernelModel
 from .sklearn_compat import feature_names_of, solver_method
@@ -171,6 +171,8 @@ class KernelRegressor(BaseKernelModel):
         chunk ``c`` (:class:`kgp.fitting.RandomStreams`).
         The method exists only when the solver implements it (``hasattr(model, "partial_fit")``).
         """
+        params = self.get_params()
+        plan = prepare_plan(params)
         first = "posterior_" not in self.__dict__
         if first:
             feature_names, dtype, device = feature_names_of(X), resolve_dtype(self.dtype), check_device(self.device)
@@ -194,7 +196,7 @@ class KernelRegressor(BaseKernelModel):
                 n_features=self.n_features_in_,
                 n_outputs=self.n_outputs_,
             )
-        self._write_fit(fit_chunk(self.get_params(), Xt, Y, previous), targets, feature_names)
+        self._write_fit(fit_chunk(params, Xt, Y, previous, plan), targets, feature_names)
         return self
 
     def predict(self, X, return_std: bool = False, *, include_noise: bool = False):
@@ -264,11 +266,13 @@ class KernelRegressor(BaseKernelModel):
         target units), ``history`` (the minimised value per evaluation) and the input and target
         scalings (``x_mean``, ``x_std``, ``y_mean``, ``y_std``; None when off).
         """
+        params = self.get_params()
+        plan = prepare_plan(params)
         Xt = to_tensor(X, "X", ndim=(2,), dtype=resolve_dtype(self.dtype), device=check_device(self.device))
         Y, _ = self._encode_fit_targets(y, Xt)
         if Y.shape[0] != Xt.shape[0]:
             raise ValueError(f"X and y: expected the same number of samples, got {Xt.shape[0]} and {Y.shape[0]}")
-        return learn_only(self.get_params(), Xt, Y).as_dict()
+        return learn_only(params, Xt, Y, plan).as_dict()
 
     def score(self, X, y) -> float:
         """Coefficient of determination R^2 (averaged uniformly over outputs)."""
