@@ -99,7 +99,9 @@ class KernelRegressor(BaseKernelModel):
         List of :class:`kgp.IterationInfo` reported during the fit.
     recipe_:
         What ``solver="auto"`` / ``learn="auto"`` chose (solver, n_centers, learn, learn_options) and why
-        (``reasons``); None when nothing was left to the recipe.
+        (``reasons``); with ``solver="auto"`` also ``memory``, the fit's estimated peak memory by part in
+        bytes (checked before the fit allocated: :mod:`kgp.fitting.memory_estimate`). None when nothing was
+        left to the recipe.
     noise_, mean_:
         The noise variance and constant mean used (learned with ``learn``), in the targets' units.
     learn_history_, learn_summary_, learn_refit_:
