@@ -154,3 +154,20 @@ def test_centers_beyond_the_available_memory_are_refused_before_any_allocation(m
     monkeypatch.setattr(fit_module, "scale_inputs", scale_inputs)
     monkeypatch.setenv("KGP_AVAILABLE_MEMORY", str(peak))
     assert model.fit(X, y).recipe_["memory"]["peak"] == peak
+
+
+def test_an_exact_solve_beyond_the_available_memory_names_the_settings_that_choose_it(monkeypatch):
+    n = 600
+    X, y = _data(n)
+    peak = n * 8 + n * n * 8 + CPU_BLOCK_BYTES  # the targets, the n x n matrix and one row block
+    monkeypatch.setenv("KGP_AVAILABLE_MEMORY", str(peak - 1))
+    with pytest.raises(kgp.InsufficientMemoryError) as info:
+        kgp.KernelRegressor(random_state=0).fit(X, y)
+    message = str(info.value)
+    assert f"{peak:,} bytes" in message and "solver 'exact' on n=600 rows" in message
+    assert "kgp.settings.max_exact_size" in message
+    # what the message advises: below n, the recipe fits FALKON on centers
+    monkeypatch.setenv("KGP_AVAILABLE_MEMORY", str(2**40))
+    with kgp.settings.max_exact_size(n - 1):
+        model = kgp.KernelRegressor(random_state=0).fit(X, y)
+    assert model.solver_name_ == "falkon" and model.recipe_["memory"]["solver_factors"] > 0
