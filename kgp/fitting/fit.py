@@ -218,6 +218,19 @@ def fit_memory(plan: FitPlan, X: Tensor, k: int, n_total: int) -> FitMemory | No
     )
 
 
+def _recipe_report(params: Mapping[str, Any], plan: FitPlan, X: Tensor, k: int, n_total: int) -> dict[str, Any] | None:
+    """``recipe_``: the recipe's choices and reasons; with ``solver="auto"`` also its ``"memory"`` estimate,
+    checked first (:func:`_check_memory`). None when nothing was left to the recipe."""
+    recipe = None if plan.recipe is None else plan.recipe.as_dict()
+    if params["solver"] == AUTO:
+        # the recipe chose the solver and M: the fit's peak memory is told, and checked, before it is spent
+        memory = fit_memory(plan, X, k, n_total)
+        if memory is not None:
+            _check_memory(plan, memory, n_total, X.device)
+            recipe["memory"] = memory.as_dict()
+    return recipe
+
+
 def _check_memory(plan: FitPlan, memory: FitMemory, n_total: int, device: torch.device) -> None:
     """Refuse a fit whose estimated peak exceeds the available memory, naming the option to change."""
     if plan.solver.capabilities.uses_centers:
@@ -245,7 +258,8 @@ def fit_model(
     validation: tuple[Tensor, Tensor] | None = None,
     validation_metric: Callable[[Tensor, Tensor], float] | None = None,
 ) -> ModelFit:
-    """Fit the estimator's parameters ``params`` (``get_params()``) on the rows ``X`` (n x d), ``Y`` (n x k).
+    """Fit the estimator's parameters ``params`` (``get_params()``) on the rows ``X`` (n x d), ``Y`` (n x k):
+    the :class:`ModelFit` the estimator's fitted attributes are written from.
 
     Parameters
     ----------
@@ -262,18 +276,13 @@ def fit_model(
         ``(X_val, Y_val)`` in the user's units, and the metric iterative solvers report on it (None: the
         mean squared error).
 
-    Returns
-    -------
-    ModelFit
-
     Raises
     ------
     ValueError, TypeError
         A parameter or its combination with the data (naming it), ranks that disagree, a plugin that is
         not distributed in a distributed fit.
     kgp.InsufficientMemoryError
-        With ``solver="auto"``: the estimated peak memory exceeds the memory available, before any
-        allocation.
+        With ``solver="auto"``: the estimated peak exceeds the available memory (before any allocation).
     """
     shard = None
     if channel is not None:
@@ -291,27 +300,13 @@ def fit_model(
         check_distributed_plugins(plan)
     check_n_centers(plan.n_centers, comm.n_total)
     streams = RandomStreams(broadcast_seed(comm, draw_seed(params["random_state"])))
-    recipe = None if plan.recipe is None else plan.recipe.as_dict()
-    if params["solver"] == AUTO:
-        # the recipe chose the solver and M: the fit's peak memory is told, and checked, before it is spent
-        memory = fit_memory(plan, X, Y.shape[1], comm.n_total)
-        if memory is not None:
-            _check_memory(plan, memory, comm.n_total, X.device)
-            recipe["memory"] = memory.as_dict()
+    recipe = _recipe_report(params, plan, X, Y.shape[1], comm.n_total)
     rows, input_scaling = scale_inputs(TrainingRows(X, Y, comm), plan.normalize_X)
     if validation is not None and input_scaling is not None:  # the predictor works in standardised inputs
         validation = (input_scaling.apply(validation[0]), validation[1])
     rows, scaling = scale_targets(rows, plan.normalize_y)
     start = time.perf_counter()
-    # the solver fits (y - shift) / scale - mean: validation predictions are mapped back before scoring
-    mapped = plan.normalize_y or plan.objective is not None
-    zero = torch.zeros(Y.shape[1], dtype=Y.dtype, device=Y.device)
-    metric = _in_target_units(validation_metric, zero, scaling, plan.normalize_y) if mapped else validation_metric
-    progress = bool(params["progress"]) and comm.rank == 0  # one rank's stop request stops all; one progress bar
-    if shard is None:
-        monitor = Monitor(params["callback"], progress, validation, metric)
-    else:
-        monitor = ShardedMonitor(shard, params["callback"], progress, validation, metric)
+    monitor = _monitor(params, plan, rows, scaling, validation, validation_metric)
     try:
         centers, learned = select_and_learn(plan, rows, kernel, streams, monitor, input_scaling)
         if plan.objective is not None:
@@ -459,6 +454,28 @@ def learn_only(
         y_mean=scaling.mean if plan.normalize_y else None,
         y_std=scaling.std if plan.normalize_y else None,
     )
+
+
+def _monitor(
+    params: Mapping[str, Any],
+    plan: FitPlan,
+    rows: TrainingRows,
+    scaling: TargetScaling,
+    validation: tuple[Tensor, Tensor] | None,
+    validation_metric: Callable[[Tensor, Tensor], float] | None,
+) -> Monitor:
+    """The fit's monitor: the callback, one progress bar (rank 0), the validation metric in target units."""
+    # the solver fits (y - shift) / scale - mean: validation predictions are mapped back before scoring
+    metric = validation_metric
+    if plan.normalize_y or plan.objective is not None:
+        Y = rows.Y
+        zero = torch.zeros(Y.shape[1], dtype=Y.dtype, device=Y.device)
+        metric = _in_target_units(validation_metric, zero, scaling, plan.normalize_y)
+    # one rank's stop request stops all; one progress bar
+    progress = bool(params["progress"]) and rows.comm.rank == 0
+    if rows.shard is None:
+        return Monitor(params["callback"], progress, validation, metric)
+    return ShardedMonitor(rows.shard, params["callback"], progress, validation, metric)
 
 
 def _complete(params: Mapping[str, Any], plan: FitPlan | PendingPlan | None, shape: DataShape) -> FitPlan:
