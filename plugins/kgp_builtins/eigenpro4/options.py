@@ -2,7 +2,7 @@
 
 Each option is a :class:`kgp.Option`; :func:`kgp.resolve_options` validates them once, before any
 work, and runs :func:`check_options` for the rules between options. The bounds that depend on the
-data (``batch_size <= n``, ``subsample_size <= n``) are checked at the start of ``fit`` by
+data (``batch_size <= n``, ``subsample_size <= M`` or ``n``) are checked at the start of ``fit`` by
 :func:`check_data_options`, and the memory the fit will hold by :mod:`.memory`, both before any
 kernel evaluation and in the same message format.
 """
@@ -58,7 +58,7 @@ EIGENPRO4_DEFAULTS: dict[str, Option] = {
         None,
         minimum=0,
         allow_none=True,
-        help="data preconditioner level (< s); None: s // 10; 0: no preconditioner",
+        help="preconditioner level (< s); None: s // 10; 0: no preconditioner",
     ),
     "projection_epochs": Option.integer(
         1, minimum=1, help="inner EigenPro 2.0 epochs on K(Z, Z) w = h per projection (the paper: 1)"
@@ -75,7 +75,10 @@ EIGENPRO4_DEFAULTS: dict[str, Option] = {
         help="subsample of the projection's model preconditioner (<= M); None: min(M, 2000, budget side)",
     ),
     "projection_q": Option.integer(
-        None, minimum=0, allow_none=True, help="level of the model preconditioner (< its subsample); None: s // 10"
+        None,
+        minimum=0,
+        allow_none=True,
+        help="level of the model preconditioner (< its subsample); None: s - 1 if s = M, else s // 10",
     ),
     "regularization": Option.choice(
         "ridge", ("ridge", "none"), help="'ridge': GP posterior mean on the centers (lambda = noise); 'none': LS"
