@@ -144,6 +144,7 @@ def learn(
         generator=streams.generator("learn"),
         monitor=monitor,
         shard=rows.shard,
+        plugin=plan.objective.plugin,
     )
     # the same steps on every rank; the checksum confirms it
     rows.comm.replicate_([p.data for p in kernel.parameters()] + [result.mean])

@@ -118,6 +118,7 @@ def learn_hyperparameters(
     generator: torch.Generator | None = None,
     monitor: Monitor | None = None,
     shard: Any = None,
+    plugin: Any = None,
 ) -> LearnResult:
     """Minimise the objective plugin ``objective`` over the kernel's hyperparameters, noise and mean.
 
@@ -147,6 +148,9 @@ def learn_hyperparameters(
         None, or a :class:`kgp.distributed.Shard`: X and y are this rank's rows; the objective must
         declare ``Capabilities(distributed=True)`` and returns the same loss and gradient on every rank,
         so every rank takes the same optimizer steps.
+    plugin:
+        The objective plugin itself, when the caller has resolved it already (a fit plan has); otherwise
+        ``objective`` is looked up in the registry.
 
     Returns
     -------
@@ -165,7 +169,7 @@ def learn_hyperparameters(
     The stages run in :class:`LearningRun`; this function checks the inputs, builds the problem, runs
     the stages and collects the result (over 80 lines only by its signature and this docstring).
     """
-    obj = get_objective(objective)
+    obj = plugin if plugin is not None else get_objective(objective)
     loop, obj_options = _checked_options(objective, obj, options, shard)
     Y = y.unsqueeze(-1) if y.dim() == 1 else y
     if obj.capabilities.uses_centers and centers is None:
