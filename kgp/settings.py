@@ -295,7 +295,7 @@ unless asked. ``"auto"``: from the operator's second product on, keep K(X, Z) wh
 ``n * M * itemsize`` fits :data:`memory_budget`; later products read it, 5x (d = 10) to 25x
 (d = 500) faster than recomputing (docs/backend.md). Where only part fits, the native CPU pass keeps
 the leading rows that fit, reads them and forms the rest in every product it serves (products with more
-than 16 columns, Matern 1/2, K(X, X) and autograd form all rows; docs/backend.md, "A head of K").
+than 16 columns, Matern 1/2, K(X, X) and autograd form all rows; docs/backend.md, "The native CPU pass").
 Iterative solvers that reuse one operator (FALKON's ``kernel_cache`` option) turn it on for their
 own loop."""
 
