@@ -16,12 +16,12 @@ does nothing in a single process and holds the collectives in a distributed fit.
 from .fit import ModelFit, fit_chunk, fit_model, learn_only
 from .plan import FitPlan, PluginChoice, RandomStreams, resolve_plan
 from .rows import LocalComm, TrainingRows
-from .stages import FitResult, Learned, learn, run, select_centers, solve
+from .stages import FitHyperparameters, FitResult, learn, run, select_centers, solve
 
 __all__ = [
     "FitPlan",
     "FitResult",
-    "Learned",
+    "FitHyperparameters",
     "LocalComm",
     "ModelFit",
     "PluginChoice",

@@ -41,8 +41,8 @@ from .memory_estimate import FitMemory, check_fit_memory, estimate_fit_memory
 from .plan import AUTO, DataShape, FitPlan, PendingPlan, PluginChoice, RandomStreams, prepare_plan
 from .rows import LocalComm, TrainingRows, broadcast_seed, comm_for, describe_fit
 from .stages import (
+    FitHyperparameters,
     FitResult,
-    Learned,
     finish,
     learn,
     scale_inputs,
@@ -371,7 +371,9 @@ def fit_chunk(
     start = time.perf_counter()
     monitor = Monitor(params["callback"], bool(params["progress"]))
     rows = TrainingRows(X, Y, LocalComm(X.shape[0]))
-    learned = Learned(kernel, float(params["noise"]), torch.zeros(Y.shape[1], dtype=Y.dtype, device=Y.device))
+    learned = FitHyperparameters(
+        kernel, float(params["noise"]), torch.zeros(Y.shape[1], dtype=Y.dtype, device=Y.device)
+    )
     try:
         posterior = solve(
             plan,
@@ -401,7 +403,7 @@ def fit_chunk(
 class LearnedOnly:
     """What :func:`learn_only` returns: the learned hyperparameters and the scalings they apply to."""
 
-    learned: Learned
+    learned: FitHyperparameters
     x_mean: Tensor | None = None
     x_std: Tensor | None = None
     y_mean: Tensor | None = None

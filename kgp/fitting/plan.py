@@ -200,7 +200,7 @@ def _check_parameters(params: Mapping[str, Any]) -> None:
             "solver_options: given with solver='auto'; name the solver they are for (e.g. solver='falkon'), "
             "or leave them to the recipe"
         )
-    switches(params, learning=params["learn"] is not None)
+    resolve_flags(params, learning=params["learn"] is not None)
 
 
 def _recipe_choice(params: Mapping[str, Any], shape: DataShape, auto_solver: bool, auto_learn: bool) -> RecipeChoice:
@@ -258,7 +258,7 @@ def _assemble(params: Mapping[str, Any], recipe: RecipeChoice | None, auto_solve
     if auto_learn:
         learn, learn_suggested = recipe.learn, recipe.learn_options
     objective, learn_options = _learning(learn, params["learn_options"], learn_suggested)
-    resolved_switches = switches(params, learning=objective is not None)
+    resolved_flags = resolve_flags(params, learning=objective is not None)
     uses_centers = solver.capabilities.uses_centers or (objective is not None and objective.capabilities.uses_centers)
     selector, explicit = None, None
     centers = params["centers"]
@@ -287,11 +287,11 @@ def _assemble(params: Mapping[str, Any], recipe: RecipeChoice | None, auto_solve
         dtype=dtype,
         device=device,
         recipe=recipe,
-        **resolved_switches,
+        **resolved_flags,
     )
 
 
-def switches(params: Mapping[str, Any], learning: bool) -> dict[str, bool]:
+def resolve_flags(params: Mapping[str, Any], learning: bool) -> dict[str, bool]:
     """``ard``, ``normalize_y`` and ``normalize_X``: True, False, or None (True exactly when learning)."""
     out = {}
     for name in ("ard", "normalize_y", "normalize_X"):

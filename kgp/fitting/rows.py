@@ -47,7 +47,7 @@ class LocalComm:
     def identical(self, tensors: Sequence[Tensor]) -> bool:
         return True
 
-    def same_predictor(self, predictor: Any, kernel: Any) -> Any:
+    def replicate_predictor(self, predictor: Any, kernel: Any) -> Any:
         return predictor
 
     def agree(self, description: FitDescription) -> None:
@@ -80,7 +80,7 @@ class ShardComm:
         d = description
         _dist.agree(self.shard.channel, d.entries, d.context, remedy=AGREE_REMEDY, derived=d.derived)
 
-    def same_predictor(self, predictor: Any, kernel: Any) -> Any:
+    def replicate_predictor(self, predictor: Any, kernel: Any) -> Any:
         """The fitted predictor, made bitwise identical on every rank (rank 0's where they differ)."""
         state = predictor.state_dict()
         names = [k for k, v in state.items() if isinstance(v, Tensor)]

@@ -32,7 +32,7 @@ from .rows import TrainingRows
 
 __all__ = [
     "FitResult",
-    "Learned",
+    "FitHyperparameters",
     "finish",
     "learn",
     "plugin_call",
@@ -103,7 +103,7 @@ def select_centers(
 
 # ---------------------------------------------------------------------- stage 2: hyperparameters
 @dataclass
-class Learned:
+class FitHyperparameters:
     """The hyperparameters the solve uses (learned, or the fixed ones when ``learn=None``).
 
     ``kernel`` holds the kernel hyperparameters; ``noise`` is sigma^2 and ``mean`` the constant mean per
@@ -127,11 +127,11 @@ def learn(
     centers: Centers | None,
     streams: RandomStreams,
     monitor: Monitor,
-) -> Learned:
+) -> FitHyperparameters:
     """Minimise the objective over the kernel's hyperparameters, the noise and the mean (or keep them)."""
     Y = rows.Y
     if plan.objective is None:
-        return Learned(kernel, plan.noise, torch.zeros(Y.shape[1], dtype=Y.dtype, device=Y.device))
+        return FitHyperparameters(kernel, plan.noise, torch.zeros(Y.shape[1], dtype=Y.dtype, device=Y.device))
     result = learn_hyperparameters(
         plan.objective.name,
         rows.X,
@@ -166,7 +166,7 @@ def learn(
         "likelihood_terms": result.terms,
         "refine": result.refine,
     }
-    return Learned(kernel, result.noise, result.mean, result.history, result.refit, summary)
+    return FitHyperparameters(kernel, result.noise, result.mean, result.history, result.refit, summary)
 
 
 # ---------------------------------------------------------------------- stage 3: solve
@@ -176,7 +176,7 @@ class FitResult:
 
     posterior: Posterior
     centers: Centers | None
-    learned: Learned
+    learned: FitHyperparameters
     history: list[IterationInfo]
 
 
@@ -184,7 +184,7 @@ def solve(
     plan: FitPlan,
     rows: TrainingRows,
     centers: Centers | None,
-    learned: Learned,
+    learned: FitHyperparameters,
     scaling: TargetScaling,
     streams: RandomStreams,
     monitor: Monitor,
@@ -219,7 +219,7 @@ def solve(
     factors = None
     if isinstance(predictor, Solution):
         predictor, factors = predictor.predictor, predictor.variance
-    predictor = rows.comm.same_predictor(predictor, learned.kernel)
+    predictor = rows.comm.replicate_predictor(predictor, learned.kernel)
     posterior = posterior_of(plan, predictor, learned, scaling, centers, rows, input_scaling)
     if factors is not None:
         posterior.variance.adopt(factors)
@@ -229,7 +229,7 @@ def solve(
 def posterior_of(
     plan: FitPlan,
     predictor: Any,
-    learned: Learned,
+    learned: FitHyperparameters,
     scaling: TargetScaling,
     centers: Centers | None,
     rows: TrainingRows | None,
@@ -332,13 +332,13 @@ def solve_with_a_usable_noise(
     plan: FitPlan,
     rows: TrainingRows,
     centers: Centers | None,
-    learned: Learned,
+    learned: FitHyperparameters,
     scaling: TargetScaling,
     streams: RandomStreams,
     monitor: Monitor,
     *,
     input_scaling: Scaling | None = None,
-) -> tuple[Posterior, Learned]:
+) -> tuple[Posterior, FitHyperparameters]:
     """:func:`solve`; where a *learned* noise leaves the solver's system not positive definite on all rows,
     the noise is raised tenfold, at most :data:`NOISE_RAISES` times, with a warning naming both values.
 
@@ -396,7 +396,7 @@ def select_and_learn(
     streams: RandomStreams,
     monitor: Monitor,
     input_scaling: Scaling | None = None,
-) -> tuple[Centers | None, Learned]:
+) -> tuple[Centers | None, FitHyperparameters]:
     """Stages 1 and 2: the centers and the hyperparameters the solve uses.
 
     A selector whose centers depend on the kernel selects (again) with the learned hyperparameters; it
@@ -418,7 +418,7 @@ def finish(
     plan: FitPlan,
     rows: TrainingRows,
     centers: Centers | None,
-    learned: Learned,
+    learned: FitHyperparameters,
     scaling: TargetScaling,
     streams: RandomStreams,
     monitor: Monitor,

@@ -21,7 +21,7 @@ from torch import Tensor
 from .. import distributed as dist
 from ..diagnostics import not_fitted
 from ..fitting.fit import ModelFit, build_kernel, draw_seed, fit_model
-from ..fitting.plan import FitPlan, check_device, prepare_plan, switches
+from ..fitting.plan import FitPlan, check_device, prepare_plan, resolve_flags
 from ..fitting.stages import FitResult
 from ..monitor import IterationInfo
 from ..plugin import Centers
@@ -203,7 +203,7 @@ class BaseKernelModel(GPQuantities, SklearnProtocol):
         """The kernel a fit of ``plan`` builds (:func:`kgp.fitting.fit.build_kernel`); without a plan, the
         ``ard`` switch as the parameters resolve it."""
         params = self.get_params()
-        ard = plan.ard if plan is not None else switches(params, learning=self.learn is not None)["ard"]
+        ard = plan.ard if plan is not None else resolve_flags(params, learning=self.learn is not None)["ard"]
         return build_kernel(params, ard, dtype, device, n_features)
 
     def _validation(self, validation_data, X: Tensor, targets: dict[str, Any]) -> tuple[Tensor, Tensor] | None:

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from .. import io
-from ..fitting.stages import FitResult, Learned
+from ..fitting.stages import FitHyperparameters, FitResult
 from ..io import ModelFileError
 from ..kernels.serialize import kernel_from_spec, kernel_to_spec
 from ..plugin import Centers
@@ -259,7 +259,7 @@ def model_from_state(cls: type, state: dict[str, Any], path, device: torch.devic
         weights = None if weights is None else weights.to(device=device, dtype=dtype)
         centers = Centers(points=points, weights=weights)
     learning = fitted.get("learning", {})
-    learned = Learned(
+    learned = FitHyperparameters(
         kernel,
         posterior.noise,
         posterior.offset,
