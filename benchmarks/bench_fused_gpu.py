@@ -93,7 +93,7 @@ def main() -> None:
                     for form in (True, False):
                         fused_gpu.TENSOR_CORES = form
                         op = kgp.kernel_operator(k, X, Z)
-                        assert fused_applies(op, 1), "the fused kernels do not apply (is Triton installed?)"
+                        assert fused_applies(op.workspace, 1), "the fused kernels do not apply (is Triton installed?)"
                         synchronize(device)
                         t0 = time.perf_counter()
                         out = op.fused_matmul(v, w)

@@ -493,7 +493,9 @@ def operations(
     # no block traffic, so the bound is the compute part alone (the distance GEMM at the GEMM rate plus the
     # exponentials); the GPU forms each tile twice, once per product (target: within 1.5x on a CPU)
     with settings.fused_kernels("auto"), settings.kernel_cache("never"):
-        fast = FUSED if fused_applies(streamed, 1) else NATIVE if native_applies(streamed, 1) else None
+        fast = (
+            FUSED if fused_applies(streamed.workspace, 1) else NATIVE if native_applies(streamed.workspace, 1) else None
+        )
     if fast is not None and want(fast):
 
         def fast_pass():
