@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import kgp
-from kgp.variance import nystrom
+from kgp.variance import latent_variance, nystrom
 from kgp.variance.nystrom import GRAM_ROWS_PER_CENTER, gram_rows, nystrom_factors
 
 D = 3
@@ -87,7 +87,7 @@ def test_the_std_moves_by_the_sampling_error_only():
     strategy = model.posterior_.variance
     full = nystrom_factors(model.kernel_, torch.as_tensor(X), strategy.centers, model.noise_)
     sub_std = (strategy.latent_variance(xq) + model.noise_).sqrt()
-    full_std = (nystrom.latent_variance(model.kernel_, xq, full) + model.noise_).sqrt()
+    full_std = (latent_variance(model.kernel_, xq, full) + model.noise_).sqrt()
     # m = 8 M rows: the relative error of the Gram's quadratic forms is of order sqrt(M / m) ~ 0.35 in the
     # worst direction, and the std's data term is a fraction of the noise: a few percent at most
     assert float(((sub_std - full_std).abs() / full_std).max()) < 0.05
@@ -99,7 +99,7 @@ def test_at_or_below_the_limit_the_full_gram_is_used_bitwise():
     assert strategy.gram_scale == 1.0 and strategy.train_X.shape[0] == X.shape[0]
     xq = torch.as_tensor(_data(50, seed=3)[0])
     full = nystrom_factors(model.kernel_, torch.as_tensor(X), strategy.centers, model.noise_)
-    assert torch.equal(strategy.latent_variance(xq), nystrom.latent_variance(model.kernel_, xq, full))
+    assert torch.equal(strategy.latent_variance(xq), latent_variance(model.kernel_, xq, full))
 
 
 def test_a_model_file_keeps_the_subset_and_its_scale(tmp_path):

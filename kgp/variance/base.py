@@ -33,6 +33,7 @@ from ..operators import kernel_operator, plan_block_rows, row_slices
 from ..posterior_checks import PosteriorStateError, StateChecker
 
 __all__ = [
+    "FactoredVariance",
     "FitInputs",
     "LoadContext",
     "VarianceFactors",
@@ -255,6 +256,42 @@ class VarianceStrategy(abc.ABC):
         if factors is not None:
             state["factors"] = factors
         return state
+
+
+class FactoredVariance(VarianceStrategy):
+    """A strategy whose variance comes from :class:`VarianceFactors` built once (exact, Nystrom).
+
+    Subclasses set :attr:`factors_class`, hold ``kernel`` and ``factors`` (None until built) and say which
+    points the factors are built on (:attr:`factor_points`); adopting a solver's factors and the latent
+    variance and covariance are the same for all of them.
+    """
+
+    factors_class: ClassVar[type[VarianceFactors]]
+    kernel: gpytorch.kernels.Kernel
+    factors: VarianceFactors | None
+
+    @property
+    @abc.abstractmethod
+    def factor_points(self) -> Tensor:
+        """The points the factors are built on (the training rows, or the centers)."""
+
+    @property
+    def built(self) -> bool:
+        return self.factors is not None
+
+    def adopt(self, factors: Any) -> bool:
+        if not isinstance(factors, self.factors_class) or factors.points.shape != self.factor_points.shape:
+            return False
+        self.factors = factors
+        return True
+
+    def latent_variance(self, Xq: Tensor) -> Tensor:
+        self.build()
+        return latent_variance(self.kernel, Xq, self.factors)
+
+    def latent_covariance(self, Xq: Tensor) -> Tensor:
+        self.build()
+        return latent_covariance(self.kernel, Xq, self.factors)
 
 
 # ---------------------------------------------------------------------- the factored computations

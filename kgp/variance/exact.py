@@ -24,14 +24,13 @@ from ..linalg import cholesky_in_place
 from ..operators import kernel_operator
 from ..posterior_checks import PosteriorStateError
 from .base import (
+    FactoredVariance,
     FitInputs,
     LoadContext,
     VarianceFactors,
     VarianceStrategy,
     check_cholesky,
     check_dense_size,
-    latent_covariance,
-    latent_variance,
 )
 from .none import NoVariance
 
@@ -72,7 +71,7 @@ def exact_factors(kernel: gpytorch.kernels.Kernel, X: Tensor, noise: float) -> E
     return ExactFactors(X, L, noise)
 
 
-class ExactVariance(VarianceStrategy):
+class ExactVariance(FactoredVariance):
     """The exact GP variance over the training rows ``points`` (the exact predictor's centers).
 
     Parameters
@@ -88,6 +87,7 @@ class ExactVariance(VarianceStrategy):
     """
 
     kind: ClassVar[str] = "exact"
+    factors_class: ClassVar[type] = ExactFactors
 
     def __init__(
         self, kernel: gpytorch.kernels.Kernel, points: Tensor, noise: float, factors: ExactFactors | None = None
@@ -110,8 +110,8 @@ class ExactVariance(VarianceStrategy):
         return cls(fit.kernel, points, fit.noise)
 
     @property
-    def built(self) -> bool:
-        return self.factors is not None
+    def factor_points(self) -> Tensor:
+        return self.points
 
     def build(self) -> None:
         if self.factors is None:
@@ -122,20 +122,6 @@ class ExactVariance(VarianceStrategy):
             return (0.0, 0)
         n = self.points.shape[0]
         return (n**3 / 3, n * n * self.points.element_size())  # the Cholesky factor of the n x n matrix
-
-    def adopt(self, factors: Any) -> bool:
-        if not isinstance(factors, ExactFactors) or factors.points.shape != self.points.shape:
-            return False
-        self.factors = factors
-        return True
-
-    def latent_variance(self, Xq: Tensor) -> Tensor:
-        self.build()
-        return latent_variance(self.kernel, Xq, self.factors)
-
-    def latent_covariance(self, Xq: Tensor) -> Tensor:
-        self.build()
-        return latent_covariance(self.kernel, Xq, self.factors)
 
     def state_dict(self) -> dict[str, Any]:
         # the n x n factor is never stored: the rows it is rebuilt from are the predictor's

@@ -41,13 +41,12 @@ from ..linalg import psd_cholesky
 from ..operators import kernel_operator
 from ..posterior_checks import PosteriorStateError, cpu_copy
 from .base import (
+    FactoredVariance,
     FitInputs,
     LoadContext,
     VarianceFactors,
     VarianceStrategy,
     check_cholesky,
-    latent_covariance,
-    latent_variance,
     working_kernel,
 )
 from .none import NoVariance
@@ -142,7 +141,7 @@ def nystrom_factors(
     return NystromFactors(Z, L, L_s, noise)
 
 
-class NystromVariance(VarianceStrategy):
+class NystromVariance(FactoredVariance):
     """The DTC variance on the centers (module docstring).
 
     Parameters
@@ -166,6 +165,7 @@ class NystromVariance(VarianceStrategy):
     """
 
     kind: ClassVar[str] = "nystrom"
+    factors_class: ClassVar[type] = NystromFactors
 
     def __init__(
         self,
@@ -204,8 +204,8 @@ class NystromVariance(VarianceStrategy):
         return cls(fit.kernel, fit.centers, fit.noise, train_X=train_X, shard=fit.shard, gram_scale=scale)
 
     @property
-    def built(self) -> bool:
-        return self.factors is not None
+    def factor_points(self) -> Tensor:
+        return self.centers
 
     def build(self) -> None:
         if self.factors is not None:
@@ -231,20 +231,6 @@ class NystromVariance(VarianceStrategy):
         n, m = self.train_X.shape[0], self.centers.shape[0]
         # the Gram pass K_Mn K_nM and two M x M factors, float64 (module docstring)
         return (n * m * m + m**3, 16 * m * m)
-
-    def adopt(self, factors: Any) -> bool:
-        if not isinstance(factors, NystromFactors) or factors.points.shape != self.centers.shape:
-            return False
-        self.factors = factors
-        return True
-
-    def latent_variance(self, Xq: Tensor) -> Tensor:
-        self.build()
-        return latent_variance(self.kernel, Xq, self.factors)
-
-    def latent_covariance(self, Xq: Tensor) -> Tensor:
-        self.build()
-        return latent_covariance(self.kernel, Xq, self.factors)
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"kind": self.kind, "centers": cpu_copy(self.centers)}
