@@ -12,7 +12,7 @@ model reports them in ``recipe_``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -41,6 +41,14 @@ class RecipeRequest:
         The user gave ``centers`` or ``n_centers`` (the recipe keeps them).
     kernel_has_lengthscale:
         The kernel has lengthscales to learn (not ``"linear"``).
+    device_flops:
+        ``kgp.settings.device_flops`` in force: the device's float64 matrix-product rate in flop/s that the
+        user pinned, or None.
+    measure_flops:
+        Measures the device's float64 matrix-product rate in flop/s (:func:`kgp.device_speed.measured_flops`:
+        a short timed product on the first call in the process, the kept value after; None where the device
+        cannot run it). A recipe calls it only when the rate decides something, so that fits that do not
+        need it never pay for the probe. None: no rate can be measured (a request built by hand).
     """
 
     n: int
@@ -55,6 +63,8 @@ class RecipeRequest:
     learn_auto: bool
     uses_centers_explicitly: bool = False
     kernel_has_lengthscale: bool = True
+    device_flops: float | None = None
+    measure_flops: Callable[[], float | None] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -74,6 +84,9 @@ class RecipeChoice:
         ``refine_subset`` no larger than the user's ``subset``) is switched off, not an error.
     reasons:
         One line per chosen value, e.g. ``{"solver": "n = 32,000 > 20,000: exact needs 8.2 GB"}``.
+    device:
+        Plain values (numbers, strings, None) on the device the choice was sized for, e.g. its float64 rate
+        and the center caps it set; reported as ``recipe_["device"]``.
     """
 
     solver: str | None = None
@@ -82,6 +95,7 @@ class RecipeChoice:
     learn: str | None = None
     learn_options: Mapping[str, Any] | None = None
     reasons: Mapping[str, str] = field(default_factory=dict)
+    device: Mapping[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """Plain values, as the fitted attribute ``recipe_`` and model files keep them."""
@@ -91,6 +105,8 @@ class RecipeChoice:
             if value is not None:
                 out[name] = dict(value) if isinstance(value, Mapping) else value
         out["reasons"] = dict(self.reasons)
+        if self.device is not None:
+            out["device"] = dict(self.device)
         return out
 
 

@@ -38,6 +38,7 @@ from typing import Any
 __all__ = [
     "Override",
     "block_rows",
+    "device_flops",
     "distributed_timeout",
     "fused_kernels",
     "interrupted_learning",
@@ -357,3 +358,45 @@ Default 1800 (torch.distributed's own default). It bounds the wait for a rank th
 that raises is noticed within milliseconds, a rank that dies as soon as its connections close
 (:mod:`kgp.distributed`). It must exceed the longest legitimate wait: the slowest rank's pass
 (uneven shards) and the replicated ``M x M`` factorization."""
+
+
+def _optional_flops(name: str):
+    def check(value):
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < float("inf"):
+            raise ValueError(
+                f"{name}: expected a positive, finite number of float64 flop/s (e.g. 1e11) or None, got {value!r}"
+            )
+        return float(value)
+
+    return check
+
+
+def _env_flops(name: str):
+    strict = _optional_flops(name)
+
+    def parse(raw: str) -> float:
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ValueError("expected a positive, finite number of float64 flop/s, e.g. 1e11") from None
+        return strict(value)
+
+    return parse
+
+
+device_flops = _Setting(
+    "device_flops",
+    _env_value("KGP_DEVICE_FLOPS", None, _env_flops("KGP_DEVICE_FLOPS")),
+    _optional_flops("device_flops"),
+)
+"""The float64 matrix-product rate, in flop/s, that ``solver="auto"`` sizes FALKON's centers by (env
+``KGP_DEVICE_FLOPS``).
+
+``None`` (default): measured on the fit's device the first time the recipe needs it, once per process
+and device (:mod:`kgp.device_speed`: a few float64 products of 1,024 x 1,024 matrices on a CPU, well
+under a second). A number (e.g. ``1e11``) is used as it is, for every device, and nothing is measured:
+the same data then get the same number of centers on every host, whatever its load. The rate only
+raises the recipe's cap of 15,000 centers on a device faster than the 2-core CPU it was measured on
+(``kgp_builtins.recipes.rule``); ``recipe_["device"]`` reports the rate used and where it came from."""

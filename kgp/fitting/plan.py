@@ -8,6 +8,7 @@ looks a plugin up or validates an option again.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -205,6 +206,7 @@ def _check_parameters(params: Mapping[str, Any]) -> None:
 
 def _recipe_choice(params: Mapping[str, Any], shape: DataShape, auto_solver: bool, auto_learn: bool) -> RecipeChoice:
     from .. import settings
+    from ..device_speed import measured_flops
     from ..registry import get_recipe
 
     kernel = params["kernel"]
@@ -222,6 +224,8 @@ def _recipe_choice(params: Mapping[str, Any], shape: DataShape, auto_solver: boo
         uses_centers_explicitly=params["n_centers"] is not None
         or not (params["centers"] is None or isinstance(params["centers"], str)),
         kernel_has_lengthscale=not (isinstance(kernel, str) and kernel.lower() == "linear"),
+        device_flops=settings.device_flops.value(),
+        measure_flops=functools.partial(measured_flops, shape.device),
     )
     try:
         recipe = get_recipe(AUTO)

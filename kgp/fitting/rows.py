@@ -173,7 +173,7 @@ def describe_fit(params: Mapping[str, Any], plan: FitPlan, kernel: Any, X: Tenso
     every process (no object addresses, dict keys sorted, floats by ``repr``, 1.0 as 1).
 
     The context (not compared, named where it differs) holds the settings a recipe decides from
-    (``kgp.settings.memory_budget``, ``max_exact_size``) when ``solver="auto"`` or ``learn="auto"``.
+    (``kgp.settings.memory_budget``, ``max_exact_size``, ``device_flops``) when ``solver="auto"`` or ``learn="auto"``.
     """
     given: list[tuple[str, str]] = []
     for name, value in params.items():
@@ -208,6 +208,7 @@ def describe_fit(params: Mapping[str, Any], plan: FitPlan, kernel: Any, X: Tenso
         context = [
             ("kgp.settings.memory_budget", str(settings.memory_budget.value(X.device))),
             ("kgp.settings.max_exact_size", str(settings.max_exact_size.value())),
+            ("kgp.settings.device_flops", str(settings.device_flops.value())),
         ]
     names = {k for k, _ in derived} | (set() if kernel_given else {k for k, _ in built})
     return FitDescription([*given, *derived, *built], frozenset(names), context)

@@ -38,7 +38,8 @@ class KernelRegressor(BaseKernelModel):
     solver:
         Solver plugin name (``kgp plugins`` lists them), or ``"auto"`` (default): the exact solve while the
         dense n x n matrix fits ``kgp.settings.memory_budget`` and ``max_exact_size``, else FALKON on as many
-        uniform centers as the budget holds (up to 15,000); the choice and its reason are in ``recipe_``.
+        uniform centers as the budget holds (up to 15,000 on a CPU, more on a faster device); the choice and
+        its reason are in ``recipe_``.
     centers:
         Center-selector plugin name (default ``"uniform"`` for solvers that use centers) or an
         ``M x d`` array/tensor of centers (not necessarily training points).

@@ -32,22 +32,50 @@ elevators  0.5472, RMSE 0.3630     0.5513, RMSE 0.3633     0.139 -> 0.139
 
 Solving (``solver="auto"``): the exact solve while the dense ``n x n`` matrix fits the memory budget
 and ``kgp.settings.max_exact_size``; above, FALKON on uniform centers, as many as the budget holds
-(:func:`nystrom_centers`), up to ``MAX_CENTERS``, whatever n is: more rows never buy fewer centers. The
+(:func:`nystrom_centers`), up to a time cap, whatever n is: more rows never buy fewer centers. The
 variance a learned GP builds at fit sums ``K_Mn K_nM`` over at most ``max(8 M, 100,000)`` rows
 (:mod:`kgp.variance.nystrom`: a uniform subset, scaled, above that), so its cost is bounded by
 ``max(8 M, 1e5) M^2`` flops; summed over all rows it would cost ``n M^2``, and a time budget would then allow only
 ``M ~ n^(-1/2)`` centers (3,872 at 1e6 rows, 1,224 at 1e7 for 1.5e13 flops). What grows with n is
 FALKON's ``n M`` per iteration (docs/benchmarks/large-data.md has the measured table).
+
+The time cap (:func:`time_cap`) is set by the device's float64 GEMM rate. ``MAX_CENTERS`` = 15,000 was
+measured on a 2-core CPU at ``REFERENCE_FLOPS`` (106 GFLOP/s); a GPU does the same work about 100x
+faster. The setup that does not grow with n (:func:`setup_flops`) is five ``M^3 / 3`` factor steps
+(three of FALKON's preconditioner, two of the variance) and the Gram, ``2 max(8 M, 1e5) M^2``: above
+M = 12,500 every term is a multiple of ``M^3``, so the M whose setup takes a fixed time
+(``SETUP_SECONDS``: what 15,000 centers take at the reference rate) grows as the cube root of the rate:
+15,000 x 100^(1/3) = 69,624 at 100x the rate, 69,000 in whole thousands, then the memory cap applies.
+The cap never falls below ``MAX_CENTERS``: a CPU slower than the reference, or one that other processes
+load while it is measured, keeps the measured default, so that fits on such hosts choose the same M from
+run to run, and the measurement (:func:`kgp.device_speed.measured_flops`, once per process and device)
+only ever adds centers on a faster device. It is taken only where it can change M (n and the memory cap
+above ``MAX_CENTERS``; never for the exact solve, nor in a distributed fit, whose ranks must agree on M),
+and ``kgp.settings.device_flops`` pins the rate instead, for the same M on every host.
+``recipe_["device"]`` reports the rate, its source (``"setting"``, ``"measured"``, or why none was
+measured) and both caps (:class:`CenterCaps`).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 from kgp.recipes import RecipeChoice, RecipeRequest
 from kgp.variance import GRAM_MIN_ROWS, GRAM_ROWS_PER_CENTER
 
-__all__ = ["AutoRecipe", "exact_limit", "nystrom_centers", "refine_rows"]
+__all__ = [
+    "AutoRecipe",
+    "CenterCaps",
+    "center_caps",
+    "exact_limit",
+    "memory_cap",
+    "nystrom_centers",
+    "refine_rows",
+    "setup_flops",
+    "time_cap",
+]
 
 SUBSET = 3000
 ADAM_STEPS = 100
@@ -68,6 +96,14 @@ REFINE_EVALUATIONS = 15
 _EXACT_ARRAYS = 5
 MAX_CENTERS = 15_000
 MIN_CENTERS = 100
+# float64 GEMM rate of the 2-core CPU that MAX_CENTERS was measured on (flop/s): the time cap is MAX_CENTERS
+# there, and grows as the cube root of a faster device's rate (module docstring)
+REFERENCE_FLOPS = 106e9
+# FALKON's Cholesky of K_MM, its L^T L and the Cholesky of A, and the variance's two Cholesky factors: five
+# M x M steps of M^3 / 3 flops each
+_FACTOR_FLOPS = 5 / 3
+# the time cap is rounded down to whole thousands of centers
+CAP_STEP = 1_000
 # M x M arrays alive at once in a FALKON fit with its Nystrom variance, float64: K_MM, the two
 # preconditioner factors, the variance's two factors and one for the Gram sum
 _SQUARE_ARRAYS = 5
@@ -81,11 +117,105 @@ def exact_limit(request: RecipeRequest) -> int:
     return min(request.max_exact_size, by_memory)
 
 
+def setup_flops(n_centers: int) -> float:
+    """Float64 flops of the ``M^3`` setup of a FALKON fit and its Nystrom variance on ``M`` centers.
+
+    The five ``M x M`` factor steps (``_FACTOR_FLOPS M^3``) and the variance's Gram ``K_Mm K_mM`` over
+    ``m = max(GRAM_ROWS_PER_CENTER M, GRAM_MIN_ROWS)`` rows (``2 m M^2``, counted as a GEMM is: a multiply
+    and an add per term). Nothing here grows with n.
+    """
+    m = int(n_centers)
+    return _FACTOR_FLOPS * m**3 + 2.0 * max(GRAM_ROWS_PER_CENTER * m, GRAM_MIN_ROWS) * m**2
+
+
+SETUP_SECONDS = setup_flops(MAX_CENTERS) / REFERENCE_FLOPS
+"""Seconds of ``M^3`` setup the time cap allows: what ``MAX_CENTERS`` take at ``REFERENCE_FLOPS``."""
+
+
+def time_cap(flops: float | None) -> int:
+    """Largest M whose :func:`setup_flops` take at most ``SETUP_SECONDS`` at ``flops`` float64 flop/s.
+
+    Rounded down to ``CAP_STEP`` and never below ``MAX_CENTERS`` (module docstring); ``MAX_CENTERS`` for
+    an unknown rate (None).
+    """
+    if flops is None:
+        return MAX_CENTERS
+    allowed = float(flops) * SETUP_SECONDS
+    low, high = 1, 2
+    while setup_flops(high) <= allowed:
+        low, high = high, 2 * high
+    while high - low > 1:  # setup_flops(low) <= allowed < setup_flops(high)
+        middle = (low + high) // 2
+        low, high = (middle, high) if setup_flops(middle) <= allowed else (low, middle)
+    return max(MAX_CENTERS, low // CAP_STEP * CAP_STEP)
+
+
+def memory_cap(request: RecipeRequest) -> int:
+    """Largest M whose ``_SQUARE_ARRAYS`` float64 ``M x M`` arrays fit the memory budget."""
+    return int(math.isqrt(max(request.memory_budget, 1) // (_SQUARE_ARRAYS * _FACTOR_BYTES)))
+
+
+@dataclass(frozen=True)
+class CenterCaps:
+    """FALKON's centers (:func:`center_caps`), the two caps that bound them and the rate behind the time cap.
+
+    ``source`` says where ``flops`` came from: ``"setting"`` (``kgp.settings.device_flops``), ``"measured"``
+    (:func:`kgp.device_speed.measured_flops`), ``"not measured"`` (the time cap could not bind: n or the
+    memory cap is at most ``MAX_CENTERS``), ``"distributed"`` (not measured: the ranks' measurements could
+    differ, and every rank must choose the same M) or ``"unavailable"`` (the device could not run the probe,
+    or the request carries no way to measure).
+    """
+
+    n_centers: int
+    time_cap: int
+    memory_cap: int
+    flops: float | None
+    source: str
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain values, as ``recipe_["device"]`` holds them."""
+        return {"flops": self.flops, "source": self.source, "time_cap": self.time_cap, "memory_cap": self.memory_cap}
+
+    def describe_rate(self) -> str:
+        """The rate and its source, in words."""
+        if self.source == "setting":
+            return f"kgp.settings.device_flops = {self.flops:.3g} flop/s"
+        if self.source == "measured":
+            return f"the device's measured {self.flops:.3g} float64 flop/s"
+        if self.source == "distributed":
+            return "no rate measured in a distributed fit; kgp.settings.device_flops would set one"
+        if self.source == "not measured":
+            return f"no rate measured: n or the memory cap is at most {MAX_CENTERS:,}"
+        return "no rate: the device could not be measured"
+
+
+def center_caps(request: RecipeRequest) -> CenterCaps:
+    """Centers for FALKON: at most n, the memory cap and the time cap; never fewer as n grows.
+
+    The device's rate is the request's ``device_flops`` (the setting) if given; else it is measured, once
+    per process, only where the time cap can bind (n and the memory cap above ``MAX_CENTERS``) and the fit
+    is not distributed.
+    """
+    memory = memory_cap(request)
+    flops, source = request.device_flops, "setting"
+    if flops is None:
+        if request.distributed:
+            source = "distributed"
+        elif min(request.n, memory) <= MAX_CENTERS:
+            source = "not measured"
+        else:
+            flops = None if request.measure_flops is None else request.measure_flops()
+            source = "unavailable" if flops is None else "measured"
+    time = time_cap(flops)
+    n_centers = max(min(request.n, MIN_CENTERS), min(request.n, time, memory))
+    return CenterCaps(n_centers=n_centers, time_cap=time, memory_cap=memory, flops=flops, source=source)
+
+
 def nystrom_centers(request: RecipeRequest) -> int:
-    """Centers for FALKON: as many as ``_SQUARE_ARRAYS`` float64 ``M x M`` arrays in the budget allow,
-    at most ``MAX_CENTERS`` and at most n; never fewer as n grows."""
-    by_memory = int(math.isqrt(max(request.memory_budget, 1) // (_SQUARE_ARRAYS * _FACTOR_BYTES)))
-    return max(min(request.n, MIN_CENTERS), min(request.n, MAX_CENTERS, by_memory))
+    """Centers for FALKON: as many as ``_SQUARE_ARRAYS`` float64 ``M x M`` arrays in the budget allow, at
+    most n and at most the time cap (``MAX_CENTERS``, more on a device faster than ``REFERENCE_FLOPS``);
+    never fewer as n grows (:func:`center_caps`)."""
+    return center_caps(request).n_centers
 
 
 def refine_rows(request: RecipeRequest) -> int:
@@ -100,7 +230,7 @@ class AutoRecipe:
 
     def choose(self, request: RecipeRequest) -> RecipeChoice:
         reasons: dict[str, str] = {}
-        solver = n_centers = learn = learn_options = None
+        solver = n_centers = learn = learn_options = device = None
         if request.solver_auto:
             limit = exact_limit(request)
             if request.n <= limit and not request.distributed and not request.uses_centers_explicitly:
@@ -117,13 +247,9 @@ class AutoRecipe:
                 )
                 reasons["solver"] = f"{why}: FALKON on Nystrom centers"
                 if not request.uses_centers_explicitly:
-                    n_centers = nystrom_centers(request)
-                    reasons["n_centers"] = (
-                        f"{n_centers:,} centers: the most that {_SQUARE_ARRAYS} float64 M x M arrays in "
-                        f"kgp.settings.memory_budget allow, at most {MAX_CENTERS:,} (the variance sums "
-                        f"K_Mn K_nM over at most max({GRAM_ROWS_PER_CENTER} M, {GRAM_MIN_ROWS:,}) rows, so its "
-                        "cost does not grow with n)"
-                    )
+                    caps = center_caps(request)
+                    n_centers, device = caps.n_centers, caps.as_dict()
+                    reasons["n_centers"] = _centers_reason(caps)
         if request.learn_auto:
             learn = "exact"
             subset = min(request.n, SUBSET)
@@ -147,5 +273,29 @@ class AutoRecipe:
                 f"{INITIAL_NOISE_FRACTION} of the targets' variance"
             )
         return RecipeChoice(
-            solver=solver, n_centers=n_centers, learn=learn, learn_options=learn_options, reasons=reasons
+            solver=solver,
+            n_centers=n_centers,
+            learn=learn,
+            learn_options=learn_options,
+            reasons=reasons,
+            device=device,
         )
+
+
+def _centers_reason(caps: CenterCaps) -> str:
+    """The ``reasons["n_centers"]`` line: both caps, the rate behind the time cap."""
+    reference = f"{MAX_CENTERS:,} centers at {REFERENCE_FLOPS:.3g} flop/s"
+    if caps.flops is None:
+        timed = (
+            f"at most {MAX_CENTERS:,}, the time cap measured at {REFERENCE_FLOPS:.3g} flop/s ({caps.describe_rate()})"
+        )
+    else:
+        timed = (
+            f"at most {caps.time_cap:,}, the most whose M^3 setup takes at {caps.describe_rate()} no longer than "
+            f"{reference} do (never fewer than {MAX_CENTERS:,})"
+        )
+    return (
+        f"{caps.n_centers:,} centers: at most {caps.memory_cap:,} ({_SQUARE_ARRAYS} float64 M x M arrays in "
+        f"kgp.settings.memory_budget), {timed}; the variance sums K_Mn K_nM over at most "
+        f"max({GRAM_ROWS_PER_CENTER} M, {GRAM_MIN_ROWS:,}) rows, so its cost does not grow with n"
+    )
