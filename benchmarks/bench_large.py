@@ -22,6 +22,9 @@ Per (n, d), in one process:
   host that other work keeps busy, ``--svgp-clock cpu`` gives it kgp's CPU seconds instead of its wall
   seconds, ``--svgp-checkpoints`` scores it at several budgets in one run, and ``--no-kgp`` runs it alone.
 
+``--save DIR`` also writes each kgp model to DIR and times, in a fresh process, ``kgp.load`` of it and the std
+of 1,000 test rows (recorded under ``served`` in the JSON line, with the file's size).
+
 Columns: fit seconds, test RMSE, excess RMSE, NLPD of y (noise included), 95% interval coverage, peak RSS
 of the phase (the high-water mark is reset through ``/proc/self/clear_refs`` before each phase where Linux
 allows it, otherwise it is the process's peak so far), and the ratios kgp / SVGP. Every result is appended to
@@ -36,6 +39,7 @@ import math
 import os
 import platform
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -136,8 +140,44 @@ def scores(mean, std, y: np.ndarray, noise: float) -> dict:
 
 
 # ---------------------------------------------------------------------- the two fits
-def fit_kgp(data: dict, noise: float, seed: int, options: dict | None = None) -> dict:
-    """The default call on the memory-mapped rows; ``options`` (tests only) adds constructor arguments."""
+LOAD_SCRIPT = """
+import sys, time
+start = time.perf_counter()
+import numpy as np, kgp
+imported = time.perf_counter()
+model = kgp.load(sys.argv[1])
+loaded = time.perf_counter()
+mean, std = model.predict(np.load(sys.argv[2]), return_std=True)
+done = time.perf_counter()
+print(imported - start, loaded - imported, done - loaded)
+"""
+
+
+def time_served_std(model, path: Path, X_query: np.ndarray) -> dict:
+    """Save the model, then in a fresh process: ``kgp.load`` and ``predict(return_std=True)`` of ``X_query``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    model.save(path)
+    save_seconds = time.perf_counter() - start
+    query = path.with_suffix(".query.npy")
+    np.save(query, X_query)
+    out = subprocess.run(
+        [sys.executable, "-c", LOAD_SCRIPT, str(path), str(query)], capture_output=True, text=True, check=True
+    ).stdout.split()
+    import_s, load_s, std_s = (float(v) for v in out[-3:])
+    return {
+        "file_bytes": path.stat().st_size,
+        "save_seconds": save_seconds,
+        "import_seconds": import_s,
+        "load_seconds": load_s,
+        "std_seconds": std_s,
+        "query_rows": X_query.shape[0],
+    }
+
+
+def fit_kgp(data: dict, noise: float, seed: int, options: dict | None = None, save: Path | None = None) -> dict:
+    """The default call on the memory-mapped rows; ``options`` (tests only) adds constructor arguments;
+    ``save``: a model file to write, then load and query in a fresh process (:func:`time_served_std`)."""
     reset_peak_rss()
     rss_before = rss_bytes()
     start, cpu_start = time.perf_counter(), time.process_time()
@@ -160,6 +200,7 @@ def fit_kgp(data: dict, noise: float, seed: int, options: dict | None = None) ->
         "rss_before": rss_before,
         "noise_learned": float(model.noise_),
         "recipe": {k: v for k, v in recipe.items() if k != "reasons"},
+        **({"served": time_served_std(model, save, data["X_test"][:1000])} if save is not None else {}),
     }
 
 
@@ -321,6 +362,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--svgp-wall-limit", type=float, default=None, help="stop SVGP after this many wall s")
     parser.add_argument("--no-kgp", action="store_true", help="SVGP only (needs --svgp-seconds)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument(
+        "--save", type=Path, default=None, help="folder: save each kgp model there, time load + std in a new process"
+    )
     parser.add_argument("--jsonl", type=Path, default=RUNS, help="file the results are appended to")
     args = parser.parse_args(argv)
     if args.quick:
@@ -349,7 +393,8 @@ def main(argv=None) -> dict:
             row["generate_seconds"] = data["generate_seconds"]
             row["load_before"] = os.getloadavg()[0]
             if not args.no_kgp:
-                row["kgp"] = fit_kgp(data, args.noise, args.seed)
+                save = None if args.save is None else args.save / f"kgp_n{n}_d{d}_s{args.seed}.kgp"
+                row["kgp"] = fit_kgp(data, args.noise, args.seed, save=save)
                 print(f"n={n:,} d={d} kgp: {json.dumps(row['kgp'], default=str)}", flush=True)
             if not args.no_svgp:
                 seconds = args.svgp_seconds

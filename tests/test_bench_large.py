@@ -62,7 +62,8 @@ def test_quick_run_prints_the_table(bench, tmp_path, capsys, monkeypatch):
     try:
         # one thread: the test must not load a shared machine that may be running timings
         argv = ["--quick", "--n-test", "100", "--svgp-seconds", "1", "--threads", "1"]
-        result = bench.main([*argv, "--cache", str(tmp_path / "cache"), "--jsonl", str(log)])
+        paths = ["--cache", str(tmp_path / "cache"), "--jsonl", str(log), "--save", str(tmp_path / "models")]
+        result = bench.main([*argv, *paths])
     finally:
         torch.set_num_threads(threads)
     out = capsys.readouterr().out
@@ -75,6 +76,10 @@ def test_quick_run_prints_the_table(bench, tmp_path, capsys, monkeypatch):
         assert r["peak_rss"] > 0 and r["fit_seconds"] > 0
     assert row["kgp"]["M"] >= 1 and row["svgp"]["M"] == 300  # SVGP's inducing points: at most n
     assert row["svgp"]["steps"] >= 1
+    served = row["kgp"]["served"]  # the saved model, loaded and queried in a fresh process
+    model_file = tmp_path / "models" / "kgp_n300_d8_s0.kgp"
+    assert served["query_rows"] == 100 and served["file_bytes"] == model_file.stat().st_size
+    assert served["load_seconds"] > 0 and served["std_seconds"] > 0
     lines = [line for line in out.splitlines() if line.startswith("| 300 | 8 |")]
     assert len(lines) == 2 and "| kgp |" in lines[0] and "| svgp |" in lines[1]
     cells = [c.strip() for c in lines[0].split("|")[1:-1]]

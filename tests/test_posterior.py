@@ -253,15 +253,23 @@ def test_fit_hyperparameters_learns_what_fit_learns_and_leaves_the_estimator_unf
         kgp.KernelRegressor("rbf").fit_hyperparameters(X, Y)
 
 
-@pytest.mark.parametrize(("centers", "stored"), [(10, "factors"), (60, "train_X")])
-def test_a_model_file_keeps_the_smaller_sufficient_form_of_the_nystrom_variance(tmp_path, centers, stored):
+@pytest.mark.parametrize(
+    ("centers", "ask_std", "stored"), [(10, True, "factors"), (60, True, "factors"), (60, False, "train_X")]
+)
+def test_a_model_file_keeps_built_nystrom_factors_else_the_rows(tmp_path, centers, ask_std, stored):
+    """Built factors are stored even where they outnumber the rows (60 centers: 7,200 numbers against n d = 360):
+    the loaded model's std then needs no Gram pass; a fit that never built them stores the rows."""
     model = kgp.KernelRegressor("rbf", lengthscale=0.8, noise=NOISE, solver="falkon", n_centers=centers)
     model.fit(X, Y)
-    _, std = model.predict(XQ, return_std=True)  # factors built: 2 M^2 numbers against n d = 360
+    if ask_std:
+        model.predict(XQ[:1], return_std=True)
     model.save(tmp_path / "m.pt")
+    _, std = model.predict(XQ, return_std=True)
     variance = torch.load(tmp_path / "m.pt", weights_only=True)["posterior"]["variance"]
     assert stored in variance and ({"factors", "train_X"} - {stored}).isdisjoint(variance)
-    np.testing.assert_allclose(kgp.load(tmp_path / "m.pt").predict(XQ, return_std=True)[1], std, rtol=1e-12)
+    loaded = kgp.load(tmp_path / "m.pt")
+    assert loaded.posterior_.variance.built == ask_std
+    np.testing.assert_allclose(loaded.predict(XQ, return_std=True)[1], std, rtol=1e-12)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a torch without CUDA")

@@ -220,6 +220,11 @@ def _edits(state, X_other):
                 "train_X", X_other[: variance["train_X"].shape[0]].to(variance["train_X"].dtype)
             ),
         )
+    if "factors" in variance:
+        yield (
+            "factor of the data term x10",
+            lambda s: s["posterior"]["variance"]["factors"].__setitem__("chol_s", variance["factors"]["chol_s"] * 10),
+        )
     if "centers" in variance:
         yield (
             "centers replaced",
@@ -262,11 +267,17 @@ def test_model_file_whose_variance_entries_alone_were_edited_is_refused(tmp_path
         changed = copy.deepcopy(state)
         edit(changed)
         _resave(changed, tmp_path / "edited.pt")
-        with pytest.raises(kgp.ModelFileError, match="the std at the probe rows differs"):
+        with pytest.raises(kgp.ModelFileError, match="the std at the probe rows differs|variance.factors"):
             kgp.load(tmp_path / "edited.pt")
         # the edit leaves the mean at the probe as it was: the mean's probe alone let these files through
         del changed["probe"]["std"], changed["probe"]["std_with_noise"]
         _resave(changed, tmp_path / "edited.pt")
+        if "factors" in state["posterior"]["variance"] and name in ("noise x1e8", "centers replaced"):
+            # stored factors carry the noise and the centers they were built on: such an edit is refused by
+            # the factors' own checks, probe or not
+            with pytest.raises(kgp.ModelFileError, match="variance.factors.(noise|points): expected"):
+                kgp.load(tmp_path / "edited.pt")
+            continue
         mean_only = kgp.load(tmp_path / "edited.pt")
         ratio = mean_only.predict(X[:5], return_std=True)[1] / model.predict(X[:5], return_std=True)[1]
         assert np.abs(np.log10(ratio)).max() > 0.3, name  # the std it would have given

@@ -234,10 +234,11 @@ class NystromVariance(FactoredVariance):
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"kind": self.kind, "centers": cpu_copy(self.centers)}
-        # whichever is smaller: the two M x M factors, or the n x d rows they are built from
-        factors_size = 2 * self.centers.shape[0] ** 2
-        rows_size = math.inf if self.train_X is None else self.train_X.numel()
-        if self.factors is not None and factors_size <= rows_size:
+        # Built factors are kept whatever their size (2 M^2 float64 numbers): a loaded model then serves its
+        # std at O(M^2) a row without the m M^2 Gram pass (minutes at M = 10,000). Unbuilt ones (a fit that
+        # never asked for a std) are stored as the rows they would be built from, at most
+        # max(GRAM_ROWS_PER_CENTER M, GRAM_MIN_ROWS) of them.
+        if self.factors is not None:
             state["factors"] = self.factors.to_cpu()
         elif self.train_X is not None:
             state["train_X"] = cpu_copy(self.train_X)
@@ -253,10 +254,10 @@ class NystromVariance(FactoredVariance):
         factors = train_X = None
         if "factors" in state:
             factors = _factors_from_state(state["factors"], context)
-            if factors.points.shape[0] != centers.shape[0]:
+            if factors.points.shape != centers.shape or not torch.equal(factors.points.to(centers), centers):
                 raise PosteriorStateError(
-                    "posterior.variance.factors.points: expected the "
-                    f"{centers.shape[0]} centers, got {factors.points.shape[0]} rows"
+                    f"posterior.variance.factors.points: expected the {centers.shape[0]} centers of "
+                    "posterior.variance.centers (the factors are built on them), got other rows"
                 )
         gram_scale = 1.0
         if "factors" not in state and "train_X" in state:
@@ -293,6 +294,12 @@ def _factors_from_state(raw: Any, context: LoadContext) -> NystromFactors:
     chol_s = check.matrix(state.get("chol_s"), "variance.factors.chol_s", rows=p, cols=p)
     check_cholesky(chol_s, "variance.factors.chol_s")
     noise = check.positive_number(state.get("noise"), "variance.factors.noise")
+    # the factors were built with the posterior's noise: a file where the two differ was edited
+    if not math.isclose(noise, context.noise, rel_tol=1e-12):
+        raise PosteriorStateError(
+            f"posterior.variance.factors.noise: expected the posterior's noise {context.noise!r} (the factors "
+            f"are built with it), got {noise!r}"
+        )
     # a float32 model's factors are float64 (module docstring): keep what the file holds if it is wider
     work = torch.float64 if chol.dtype == torch.float64 else context.dtype
     to = {"device": context.device, "dtype": work}
