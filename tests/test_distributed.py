@@ -363,6 +363,20 @@ def _gp_task(rank, world, counts, case):
     }
 
 
+# a Gram limit below the data's 240 rows: m = max(2 M, 60) = 80 rows of the Nystrom variance's Gram
+_SMALL_GRAM = {"GRAM_ROWS_PER_CENTER": 2, "GRAM_MIN_ROWS": 60}
+
+
+def _gram_subset_task(rank, world, counts):
+    import kgp.variance.nystrom as nystrom
+
+    for name, value in _SMALL_GRAM.items():
+        setattr(nystrom, name, value)
+    result = _gp_task(rank, world, counts, "exact_subset")
+    result["gram_rows"] = int(nystrom.gram_subset(N, M)[0].numel())
+    return result
+
+
 class _PlainCG:
     """A third-party-style solver: plain CG on the Nystrom system through ``problem.kernel_operator`` only.
 
@@ -463,6 +477,7 @@ def three_ranks(tmp_path_factory):
         ("classifier", "_classifier_task", ([0, 150, 90],)),
         *((f"{case}", "_gp_task", ([0, 150, 90], case)) for case in GP_CASES),
         ("validation", "_validation_task", ([80, 80, 80], [25, 0, 15], "falkon")),
+        ("gram_subset", "_gram_subset_task", ([0, 150, 90],)),
         ("validation_dsg", "_validation_task", ([0, 150, 90], [0, 10, 30], "dsg")),
     ]
     return _spawn(3, "_suite_task", tmp, plan)
@@ -794,6 +809,30 @@ def test_gp_learning_and_normalize_y_match_one_process(two_ranks, three_ranks, c
         assert abs(model.noise_ - 1e-2) > 1e-3
     if case == "exact_refine":  # the stage ran (the equal histories above then include it on every rank)
         assert model.learn_summary_["refine"]["subset"] == 200
+
+
+def test_the_variance_gram_subset_is_the_one_process_subset(three_ranks, monkeypatch):
+    """Above the Gram limit every rank sums the rows of the one global subset it holds (one rank holds
+    none): the std equals one process's, which draws the same row numbers, to the summation order."""
+    import kgp.variance.nystrom as nystrom
+
+    for name, value in _SMALL_GRAM.items():
+        monkeypatch.setattr(nystrom, name, value)
+    X, y = _data()
+    model = _model(**GP_CASES["exact_subset"]).fit(X, y)
+    assert model.posterior_.variance.gram_scale == N / 80
+    std = model.predict(X[:50], return_std=True)[1]
+    full = nystrom.nystrom_factors(
+        model.kernel_, model.posterior_.inputs(torch.from_numpy(X)), model.posterior_.variance.centers, model.noise_
+    )
+    full_std = kgp.variance.latent_variance(model.kernel_, model.posterior_.inputs(torch.from_numpy(X[:50])), full)
+    # the subset moved the std (else the comparison below would not tell a subset from all rows)
+    assert float(np.abs(full_std.sqrt().numpy() * float(model._y_train_std) / std - 1).max()) > 1e-3
+    for res in (r["gram_subset"] for r in three_ranks):
+        assert "std" in res, res
+        assert res["gram_rows"] == 80
+        np.testing.assert_allclose(res["pred"], model.predict(X[:50]), rtol=1e-8, atol=1e-10)
+        np.testing.assert_allclose(res["std"], std, rtol=1e-7, atol=0)
 
 
 def test_exact_learning_without_subset_refuses(two_ranks):

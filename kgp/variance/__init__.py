@@ -28,7 +28,15 @@ from .base import (
 from .exact import ExactFactors, ExactVariance, exact_factors
 from .kinds import KINDS, STRATEGIES, for_fit, for_target, from_state, legacy_state
 from .none import NoVariance
-from .nystrom import GRAM_MIN_ROWS, GRAM_ROWS_PER_CENTER, NystromFactors, NystromVariance, gram_rows, nystrom_factors
+from .nystrom import (
+    GRAM_MIN_ROWS,
+    GRAM_ROWS_PER_CENTER,
+    NystromFactors,
+    NystromVariance,
+    gram_rows,
+    gram_subset,
+    nystrom_factors,
+)
 
 __all__ = [
     "GRAM_MIN_ROWS",
@@ -51,6 +59,7 @@ __all__ = [
     "for_target",
     "from_state",
     "gram_rows",
+    "gram_subset",
     "latent_covariance",
     "latent_variance",
     "legacy_state",

@@ -17,8 +17,8 @@ with n (the same device FALKON's preconditioner uses with the centers themselves
 2017, Sec. 3). Only the last term of ``var f`` depends on it; ``k(x, x) - Q(x, x)`` stays exact. On a
 draw from an ARD RBF prior (d = 8, 200,000 rows, sigma^2 = 0.01) the predictive std with noise moved by
 at most 0.26% (M = 4,000, m = 10 M) and 0.39% (m = 5 M) against the full Gram, whose pass took 3-5x as
-long (docs/benchmarks/large-data.md). A distributed fit keeps the full Gram (its rows are spread over
-the ranks).
+long (docs/benchmarks/large-data.md). A distributed fit draws the same global row numbers; each rank sums
+the ones it holds, and the all-reduced Gram is the one process's (up to the order of the sums).
 
 The factors of a float32 model are built and used in float64 (the inputs and the kernel are cast, the
 result rounded back): the variance is the difference of two nearly equal quadratic forms, which float32
@@ -51,7 +51,15 @@ from .base import (
 )
 from .none import NoVariance
 
-__all__ = ["GRAM_MIN_ROWS", "GRAM_ROWS_PER_CENTER", "NystromFactors", "NystromVariance", "gram_rows", "nystrom_factors"]
+__all__ = [
+    "GRAM_MIN_ROWS",
+    "GRAM_ROWS_PER_CENTER",
+    "NystromFactors",
+    "NystromVariance",
+    "gram_rows",
+    "gram_subset",
+    "nystrom_factors",
+]
 
 GRAM_ROWS_PER_CENTER = 8
 """Training rows per center above which ``K_Mn K_nM`` is estimated from a subset (module docstring)."""
@@ -61,20 +69,34 @@ GRAM_MIN_ROWS = 100_000
 one of every data set up to this size."""
 
 
-def gram_rows(X: Tensor, n_centers: int) -> tuple[Tensor, float]:
-    """The rows the Gram ``K_Mn K_nM`` is summed over, and the factor ``n / m`` that scales their sum.
+def gram_subset(n: int, n_centers: int) -> tuple[Tensor | None, float]:
+    """The global row numbers the Gram ``K_Mn K_nM`` is summed over, and the factor ``n / m`` that scales it.
 
-    All of ``X`` (factor 1) up to ``m = max(GRAM_ROWS_PER_CENTER * n_centers, GRAM_MIN_ROWS)`` rows; above,
-    m rows drawn uniformly without replacement by a generator of fixed seed (the variance is a function of the data,
-    the centers and the kernel only), kept in their order in ``X`` and copied, so that ``X`` itself
-    need not be kept.
+    ``None`` (all rows, factor 1) up to ``m = max(GRAM_ROWS_PER_CENTER * n_centers, GRAM_MIN_ROWS)`` rows;
+    above, m row numbers drawn uniformly without replacement by a generator of fixed seed (the variance is
+    a function of the data, the centers and the kernel only), in ascending order. A function of n and M
+    only: one process and every rank of a distributed fit draw the same rows.
     """
-    n = X.shape[0]
     m = max(GRAM_ROWS_PER_CENTER * max(int(n_centers), 1), GRAM_MIN_ROWS)
     if n <= m:
+        return None, 1.0
+    return torch.randperm(n, generator=torch.Generator().manual_seed(0))[:m].sort().values, n / m
+
+
+def gram_rows(X: Tensor, n_centers: int, shard: Any = None) -> tuple[Tensor, float]:
+    """The rows of ``X`` the Gram ``K_Mn K_nM`` is summed over (:func:`gram_subset`), and their scale ``n / m``.
+
+    All of ``X`` (factor 1) up to m rows; above, the subset's rows, copied, so that ``X`` itself need not be
+    kept. ``shard``: ``X`` is this rank's rows of a distributed fit: n is all ranks' rows, and the rows kept
+    are those of the global subset this rank holds (their Gram, summed over the ranks, is the one process's).
+    """
+    n = X.shape[0] if shard is None else shard.n_total
+    chosen, scale = gram_subset(n, n_centers)
+    if chosen is None:
         return X, 1.0
-    chosen = torch.randperm(n, generator=torch.Generator().manual_seed(0))[:m].sort().values
-    return X[chosen.to(X.device)], n / m
+    if shard is not None:
+        chosen = shard.local_rows(chosen)[1]
+    return X[chosen.to(X.device)], scale
 
 
 @dataclass
@@ -199,8 +221,8 @@ class NystromVariance(FactoredVariance):
                 "GP (learn=..., e.g. learn='sgpr'); one process computes it on first use"
             )
         train_X, scale = fit.train_X, 1.0
-        if train_X is not None and fit.shard is None:
-            train_X, scale = gram_rows(train_X, fit.centers.shape[0])
+        if train_X is not None:
+            train_X, scale = gram_rows(train_X, fit.centers.shape[0], shard=fit.shard)
         return cls(fit.kernel, fit.centers, fit.noise, train_X=train_X, shard=fit.shard, gram_scale=scale)
 
     @property
