@@ -8,8 +8,15 @@ in one process. Prints one markdown table (accuracy, fit time, the time ratio) a
 Usage::
 
     env OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bench_eigenpro4.py [--quick] [--epochs E] [--centers M ...]
+    env OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bench_eigenpro4.py --centers 4000 --periods 2x 16 --repeats 3
 
 ``--quick``: letter only, M = 1000.
+
+``--periods SPEC ...``: only ``eigenpro4``, once per projection period, with the default options otherwise
+(the default period ``T = M // m`` first, whatever is listed): ``default``, an integer T, or ``Nx``
+(``T = N M // m``, N times as many temporary centers per period as the default). Prints one table with
+accuracy, fit seconds, CPU seconds and the number of projections per period; ``--repeats R`` fits each
+R times with seeds 0 .. R-1 (its batch order and subsamples; the same centers).
 
 ``--reference PATH``: also run the EigenPro 4 reference code (github.com/EigenPro/EigenPro, the package
 directory ``eigenpro/`` under PATH, e.g. ``git -C <mirror> archive HEAD eigenpro | tar -x -C /tmp/ep4ref``;
@@ -59,8 +66,8 @@ def load(name):
     return Xtr, ytr, Xte, yte
 
 
-def fit(solver, name, Z, Xtr, ytr, Xte, yte, epochs, options=None):
-    t0 = time.perf_counter()
+def fit(solver, name, Z, Xtr, ytr, Xte, yte, epochs, options=None, seed=SEED):
+    t0, cpu0 = time.perf_counter(), time.process_time()
     clf = kgp.KernelClassifier(
         "laplacian",
         lengthscale=LENGTHSCALE[name],
@@ -68,9 +75,10 @@ def fit(solver, name, Z, Xtr, ytr, Xte, yte, epochs, options=None):
         solver=solver,
         centers=Z,
         solver_options={"epochs": epochs, **(options or {})},
-        random_state=SEED,
+        random_state=seed,
     ).fit(Xtr, ytr)
     extras = dict(clf.history_[-1].extras)
+    extras["cpu_seconds"] = time.process_time() - cpu0
     # eigenpro4's whole-fit split (its extras are per epoch)
     for key in ("time_steps", "time_projection"):
         if key in extras:
@@ -153,12 +161,55 @@ def run_reference(path, name, Z, Xtr, ytr, Xte, yte, epochs):
     return float((classes[pred] == yte).mean()), seconds
 
 
+def period_table(sets, centers, epochs, specs, repeats):
+    """``eigenpro4`` per projection period (``--periods``, see the module docstring); prints one table."""
+    specs = ["default"] + [p for p in specs if p != "default"]
+    print(
+        "| data | M | period | batch / T per seed | accuracy, mean (per seed) | projections | fit s (mean) "
+        "| CPU s (mean) |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for name in sets:
+        Xtr, ytr, Xte, yte = load(name)
+        n = Xtr.shape[0]
+        for M in centers:
+            M = min(M, n)
+            idx = torch.randperm(n, generator=torch.Generator().manual_seed(SEED))[:M]
+            Z = torch.as_tensor(Xtr[idx.numpy()])
+            rows = {spec: {"acc": [], "s": [], "cpu": [], "T": [], "proj": [], "m": []} for spec in specs}
+            for seed in range(repeats):
+                batch = None  # the default's batch for this seed (its subsample sets the curvature)
+                for spec in specs:
+                    options = {}
+                    if spec != "default":
+                        factor = int(spec[:-1]) if spec.endswith("x") else None
+                        options["projection_period"] = max(1, factor * M // batch) if factor else int(spec)
+                    acc, seconds, ex = fit("eigenpro4", name, Z, Xtr, ytr, Xte, yte, epochs, options, seed=seed)
+                    batch = batch or ex["batch_size"]
+                    row = rows[spec]
+                    row["acc"].append(100 * acc)
+                    row["s"].append(seconds)
+                    row["cpu"].append(ex["cpu_seconds"])
+                    row["T"].append(ex["projection_period"])
+                    row["proj"].append(ex["projections"])
+                    row["m"].append(ex["batch_size"])
+            for spec, row in rows.items():
+                print(
+                    f"| {name} | {M} | {spec} | {'/'.join(map(str, row['m']))} / {'/'.join(map(str, row['T']))} | "
+                    f"{np.mean(row['acc']):.2f} ({', '.join(f'{a:.2f}' for a in row['acc'])}) | "
+                    f"{'/'.join(map(str, row['proj']))} | {np.mean(row['s']):.1f} | {np.mean(row['cpu']):.1f} |",
+                    flush=True,
+                )
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--centers", type=int, nargs="*", default=None)
     ap.add_argument("--reference", default=None, help="directory holding the reference's eigenpro/ package")
+    ap.add_argument("--periods", nargs="*", default=None, help="eigenpro4 per period: default, T, or Nx")
+    ap.add_argument("--repeats", type=int, default=1, help="seeds per fit with --periods")
     args = ap.parse_args()
     sets = ["letter"] if args.quick else ["letter", "mnist_5k"]
     centers = args.centers or ([1000] if args.quick else [1000, 4000])
@@ -166,6 +217,10 @@ def main():
         f"host: {platform.processor() or platform.machine()}, torch threads {torch.get_num_threads()}, "
         f"load {os.getloadavg()[0]:.2f} (start); epochs {args.epochs}"
     )
+    if args.periods is not None:
+        period_table(sets, centers, args.epochs, args.periods, args.repeats)
+        print(f"load {os.getloadavg()[0]:.2f} (end)")
+        return
     ref = Path(args.reference) if args.reference else None
     if ref is not None and not (ref / "eigenpro" / "solver.py").exists():
         print(f"SKIP reference: no eigenpro/solver.py under {ref}")

@@ -1,0 +1,380 @@
+"""EigenPro 4 (`eigenpro4`) at many centers on the large synthetic set, against FALKON and EigenPro 3.0 (`eigenpro`).
+
+One command, one table::
+
+    OMP_NUM_THREADS=2 python benchmarks/bench_eigenpro4_large.py --n 1000000 --centers 100000 --epochs 1 \\
+        --falkon-centers 10000 20000 --eigenpro-budget 0
+    OMP_NUM_THREADS=2 python benchmarks/bench_eigenpro4_large.py --n 200000 --centers 64000 --epochs 2 \\
+        --eigenpro-budget 5
+
+Data: :class:`kgp.datasets.PriorDraw` ``(d, seed, noise_std)`` (d = 8, seed 0, noise std 0.1), the rows of
+benchmarks/bench_large.py: the first n rows of the train split, read memory-mapped from the ``.npy`` files that
+``bench_large.py`` writes to ``--cache`` (the smallest cached set with at least n rows; generated in memory when
+there is none), and the first ``--n-test`` rows of the test split. The best possible test RMSE is the noise std:
+the table reports the excess ``sqrt(RMSE^2 - noise_std^2)``.
+
+Model: the generator's own kernel, fixed (nothing learned): ARD RBF with its lengthscales, outputscale 1, noise
+variance ``noise_std^2``. The inputs are divided by the lengthscales once, so every solver sees an isotropic RBF
+with lengthscale 1 (the same kernel). Float32 inputs (``--dtype``). Centers: uniform training rows, nested (a
+seeded permutation's first M rows), so ``eigenpro4`` and ``eigenpro`` at the same M use the same centers.
+
+Runs, back to back in one process:
+
+1. ``eigenpro4`` at ``--centers`` M for ``--epochs`` epochs (``--ep4-options``: more of its options as JSON);
+2. ``falkon`` at each of ``--falkon-centers`` (its defaults: 20 CG iterations): the comparison is with the largest
+   of them whose fit took no longer than ``eigenpro4``'s (the table marks it);
+3. ``eigenpro`` at the same M and centers, with a wall budget of ``--eigenpro-budget`` times ``eigenpro4``'s fit
+   time (0: not run): it stops at the end of the first epoch whose validation RMSE is at most ``eigenpro4``'s
+   final one, or the first past the budget. Its time to reach ``eigenpro4``'s accuracy is read from its
+   per-epoch validation RMSE (``--n-val`` test rows, evaluated inside the fit's clock).
+
+Columns: fit wall and CPU seconds, test RMSE and excess, peak RSS of the phase (the high-water mark reset through
+``/proc/self/clear_refs`` before each fit where Linux allows it; the training rows are already in memory), the
+ratios to ``eigenpro4``, and the load average when the fit ended. Every fit is appended as a JSON line to
+``--jsonl`` with the host, load and thread count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import subprocess
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("KGP_DISABLE_ENTRYPOINTS", "1")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import kgp  # noqa: E402
+from kgp.datasets import PriorDraw, excess_rmse  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+RUNS = HERE / "bench_eigenpro4_runs.jsonl"
+CACHE = Path("/tmp/lead/cache")
+
+
+# ---------------------------------------------------------------------- host and memory
+def cpu_model() -> str:
+    """The CPU's model name (``lscpu``), else what :mod:`platform` says."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+        for line in out.splitlines():
+            if line.startswith("Model name:"):
+                return line.split(":", 1)[1].strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _proc_status(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def reset_peak() -> None:
+    """Reset the RSS high-water mark (Linux); elsewhere the peak is the process's so far."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+    except OSError:
+        pass
+
+
+def peak_rss() -> int | None:
+    """The RSS high-water mark since the last :func:`reset_peak`, in bytes (None off Linux)."""
+    return _proc_status("VmHWM")
+
+
+def load_average() -> float:
+    return os.getloadavg()[0]
+
+
+# ---------------------------------------------------------------------- data
+def _cached(cache: Path | None, stem: str, split: str, rows: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """The first ``rows`` rows of the smallest cached ``split`` set holding at least that many, memory-mapped."""
+    if cache is None or not cache.is_dir():
+        return None
+    best = None
+    for path in cache.glob(f"{stem}_{split}*_X.npy"):
+        size = path.name[len(f"{stem}_{split}") : -len("_X.npy")]
+        if size.isdigit() and int(size) >= rows and path.with_name(path.name[: -len("X.npy")] + "y.npy").is_file():
+            best = min(best or int(size), int(size))
+    if best is None:
+        return None
+    X = np.load(cache / f"{stem}_{split}{best}_X.npy", mmap_mode="r")
+    y = np.load(cache / f"{stem}_{split}{best}_y.npy", mmap_mode="r")
+    return X[:rows], y[:rows]
+
+
+def load_data(n: int, n_test: int, d: int, seed: int, noise_std: float, cache: Path | None, dtype) -> dict[str, Any]:
+    """Training and test rows of ``PriorDraw(d, seed, noise_std)``, divided by its lengthscales, in ``dtype``.
+
+    Returns a dict with ``X``, ``y``, ``X_test``, ``y_test`` (tensors), ``source`` (the cache or "generated")
+    and the generator's ``lengthscale``.
+    """
+    draw = PriorDraw(d, seed=seed, noise_std=noise_std)
+    stem = f"prior_d{d}_s{seed}_noise{noise_std:g}"
+    out: dict[str, Any] = {"lengthscale": draw.lengthscale.tolist(), "outputscale": draw.outputscale}
+    sources = []
+    for split, rows, names in (("train", n, ("X", "y")), ("test", n_test, ("X_test", "y_test"))):
+        found = _cached(cache, stem, split, rows)
+        if found is None:
+            found = draw.sample(rows, split=split)
+            sources.append(f"{split}: generated")
+        else:
+            sources.append(f"{split}: {cache}")
+        X = np.asarray(found[0], dtype=np.float64) / draw.lengthscale
+        out[names[0]] = torch.as_tensor(X.astype(dtype, copy=False))
+        out[names[1]] = torch.as_tensor(np.asarray(found[1], dtype=dtype))
+    out["source"] = ", ".join(sources)
+    return out
+
+
+# ---------------------------------------------------------------------- fits
+def fit_one(
+    solver: str,
+    data: dict[str, Any],
+    Z: torch.Tensor,
+    noise_var: float,
+    options: dict[str, Any],
+    *,
+    n_val: int = 0,
+    stop_rmse: float | None = None,
+    budget: float | None = None,
+) -> dict[str, Any]:
+    """Fit ``solver`` on the centers ``Z``; test RMSE, times, peak RSS and the per-iteration validation curve.
+
+    ``stop_rmse`` / ``budget``: stop at the end of the first iteration whose validation RMSE is at most
+    ``stop_rmse``, or whose elapsed seconds reach ``budget`` (``n_val`` > 0 needed for the first).
+    """
+
+    def callback(info: kgp.IterationInfo) -> bool:
+        if stop_rmse is not None and info.metric is not None and math.sqrt(info.metric) <= stop_rmse:
+            return True
+        return budget is not None and info.elapsed >= budget
+
+    model = kgp.KernelRegressor(
+        "rbf",
+        lengthscale=1.0,
+        noise=noise_var,
+        solver=solver,
+        centers=Z,
+        solver_options=options,
+        dtype=data["X"].dtype,
+        random_state=0,
+        callback=callback,
+    )
+    validation = (data["X_test"][:n_val], data["y_test"][:n_val]) if n_val > 0 else None
+    reset_peak()
+    load_start = load_average()
+    start, cpu_start = time.perf_counter(), time.process_time()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(data["X"], data["y"], validation_data=validation)
+    fit_seconds, fit_cpu = time.perf_counter() - start, time.process_time() - cpu_start
+    peak = peak_rss()
+    mean = np.asarray(model.predict(data["X_test"]), dtype=np.float64).reshape(-1)
+    rmse = float(np.sqrt(np.mean((data["y_test"].double().numpy() - mean) ** 2)))
+    history = model.history_ or []
+    last = dict(history[-1].extras) if history else {}
+    curve = [
+        {"iteration": h.iteration, "elapsed": h.elapsed, "val_rmse": math.sqrt(h.metric)}
+        for h in history
+        if h.metric is not None
+    ]
+    keep = ("batch_size", "projection_period", "projections", "memory_estimate", "setup_time", "q", "s")
+    extras = {k: last[k] for k in keep if isinstance(last.get(k), (int, float, str))}
+    for key in ("time_steps", "time_projection"):
+        if history and key in last:
+            extras[key] = sum(h.extras.get(key, 0.0) for h in history)
+    return {
+        "solver": solver,
+        "M": int(Z.shape[0]),
+        "options": options,
+        "iterations": len(history),
+        "fit_seconds": fit_seconds,
+        "fit_cpu_seconds": fit_cpu,
+        "rmse": rmse,
+        "peak_rss": peak,
+        "load_start": load_start,
+        "load_end": load_average(),
+        "curve": curve,
+        "extras": extras,
+        "warnings": [f"{w.category.__name__}: {str(w.message)[:200]}" for w in caught],
+    }
+
+
+def reach_seconds(curve: list[dict[str, float]], target: float) -> float | None:
+    """Elapsed seconds of the first iteration whose validation RMSE is at most ``target`` (None: never)."""
+    return next((c["elapsed"] for c in curve if c["val_rmse"] <= target), None)
+
+
+# ---------------------------------------------------------------------- table
+def gb(value: int | None) -> str:
+    return f"{value / 1e9:.2f}" if value else "-"
+
+
+def table(results: list[dict[str, Any]], noise_std: float) -> str:
+    """The markdown table (one row per fit, ratios to the first ``eigenpro4`` row)."""
+    ref = next(r for r in results if r["solver"] == "eigenpro4")
+    ref_excess = excess_rmse(ref["rmse"], noise_std)
+    lines = [
+        "| run | M | iterations | fit s | CPU s | RMSE | excess | peak RSS GB | excess / eigenpro4 | time / eigenpro4 "
+        "| load (end) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        excess = excess_rmse(r["rmse"], noise_std)
+        mark = " (largest within eigenpro4's time)" if r.get("largest_within_time") else ""
+        lines.append(
+            f"| {r['solver']}{mark} | {r['M']:,} | {r['iterations']} | {r['fit_seconds']:.1f} | "
+            f"{r['fit_cpu_seconds']:.1f} | {r['rmse']:.4f} | {excess:.4f} | {gb(r['peak_rss'])} | "
+            f"{excess / ref_excess if ref_excess else float('nan'):.2f} | {r['fit_seconds'] / ref['fit_seconds']:.2f} "
+            f"| {r['load_end']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, default=1_000_000, help="training rows")
+    ap.add_argument("--n-test", type=int, default=10_000, help="test rows")
+    ap.add_argument("--n-val", type=int, default=2_000, help="test rows scored after every epoch (the curves)")
+    ap.add_argument("--d", type=int, default=8)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--noise-std", type=float, default=0.1)
+    ap.add_argument("--cache", default=str(CACHE), help="bench_large.py's .npy cache ('' : generate in memory)")
+    ap.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    ap.add_argument("--centers", type=int, default=100_000, help="M of eigenpro4 (and eigenpro)")
+    ap.add_argument("--epochs", type=int, default=1, help="eigenpro4's epochs")
+    ap.add_argument("--ep4-options", default="{}", help="more eigenpro4 options, as JSON")
+    ap.add_argument("--falkon-centers", type=int, nargs="*", default=[], help="M of each falkon fit")
+    ap.add_argument("--falkon-options", default="{}", help="falkon options, as JSON")
+    ap.add_argument("--eigenpro-budget", type=float, default=0.0, help="eigenpro's wall budget / eigenpro4's (0: skip)")
+    ap.add_argument("--eigenpro-epochs", type=int, default=20, help="eigenpro's most epochs")
+    ap.add_argument("--eigenpro-options", default="{}", help="more eigenpro options, as JSON")
+    ap.add_argument("--jsonl", default=str(RUNS), help="JSON lines appended here ('' : none)")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    """Run the fits of the command line; print the table; return the results (one dict per fit)."""
+    args = parse_args(argv)
+    dtype = np.float32 if args.dtype == "float32" else np.float64
+    t0 = time.perf_counter()
+    data = load_data(
+        args.n, args.n_test, args.d, args.seed, args.noise_std, Path(args.cache) if args.cache else None, dtype
+    )
+    n = data["X"].shape[0]
+    noise_var = args.noise_std**2
+    host = {
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+    }
+    print(
+        f"host: {host['cpu']}, {host['cores']} cores, torch {host['torch']} with {host['threads']} threads; "
+        f"load {load_average():.2f} (start); n = {n:,}, d = {args.d}, {args.dtype}; data ({data['source']}) "
+        f"read in {time.perf_counter() - t0:.1f} s",
+        flush=True,
+    )
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(args.seed))
+
+    def centers(m: int) -> torch.Tensor:
+        return data["X"][order[: min(m, n)]].clone()
+
+    results: list[dict[str, Any]] = []
+
+    def record(result: dict[str, Any]) -> None:
+        result.update(n=n, d=args.d, dtype=args.dtype, host=host, excess=excess_rmse(result["rmse"], args.noise_std))
+        results.append(result)
+        print(
+            f"  {result['solver']} M = {result['M']:,}: {result['fit_seconds']:.1f} s, RMSE {result['rmse']:.4f}, "
+            f"excess {result['excess']:.4f}, {result['iterations']} iterations, load {result['load_end']:.2f}",
+            flush=True,
+        )
+        if args.jsonl:
+            with open(args.jsonl, "a") as fh:
+                fh.write(json.dumps(result) + "\n")
+
+    Z = centers(args.centers)
+    ep4_options = {"epochs": args.epochs, **json.loads(args.ep4_options)}
+    record(fit_one("eigenpro4", data, Z, noise_var, ep4_options, n_val=args.n_val))
+    ep4 = results[0]
+    ep4_val = ep4["curve"][-1]["val_rmse"] if ep4["curve"] else None
+
+    falkon_options = json.loads(args.falkon_options)
+    falkon = []
+    for m in args.falkon_centers:
+        record(fit_one("falkon", data, centers(m), noise_var, falkon_options))
+        falkon.append(results[-1])
+    within = [r for r in falkon if r["fit_seconds"] <= ep4["fit_seconds"]]
+    if within:
+        max(within, key=lambda r: r["M"])["largest_within_time"] = True
+
+    eigenpro = None
+    if args.eigenpro_budget > 0:
+        budget = args.eigenpro_budget * ep4["fit_seconds"]
+        options = {"epochs": args.eigenpro_epochs, **json.loads(args.eigenpro_options)}
+        record(fit_one("eigenpro", data, Z, noise_var, options, n_val=args.n_val, stop_rmse=ep4_val, budget=budget))
+        eigenpro = results[-1]
+
+    print()
+    print(table(results, args.noise_std))
+    print()
+    if falkon:
+        best = next((r for r in falkon if r.get("largest_within_time")), None)
+        if best is None:
+            print(f"falkon: no M of {args.falkon_centers} fitted within eigenpro4's {ep4['fit_seconds']:.1f} s")
+        else:
+            verdict = "lower" if ep4["rmse"] < best["rmse"] else "not lower"
+            print(
+                f"eigenpro4 M = {ep4['M']:,} against falkon M = {best['M']:,} (the largest within its time): test "
+                f"RMSE {ep4['rmse']:.4f} against {best['rmse']:.4f} ({verdict}), time {ep4['fit_seconds']:.1f} s "
+                f"against {best['fit_seconds']:.1f} s"
+            )
+    if eigenpro is not None and ep4_val is not None:
+        reach = reach_seconds(eigenpro["curve"], ep4_val)
+        reached = (
+            f"reached it after {reach:.1f} s: {reach / ep4['fit_seconds']:.2f}x eigenpro4's fit time"
+            if reach is not None
+            else f"did not reach it in {eigenpro['fit_seconds']:.1f} s "
+            f"(> {eigenpro['fit_seconds'] / ep4['fit_seconds']:.2f}x eigenpro4's fit time)"
+        )
+        print(
+            f"eigenpro4's validation RMSE {ep4_val:.4f} after {ep4['fit_seconds']:.1f} s; eigenpro at the same M "
+            f"{reached}; its curve: "
+            + ", ".join(f"{c['elapsed']:.0f} s {c['val_rmse']:.4f}" for c in eigenpro["curve"])
+        )
+    ex = dict(ep4["extras"])
+    if "memory_estimate" in ex:
+        ex["memory_estimate MiB"] = ex.pop("memory_estimate") / 2**20
+    print(
+        "eigenpro4: "
+        + ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in ex.items())
+        + f"; load {load_average():.2f} (end)"
+    )
+    for r in results:
+        for w in sorted(set(r["warnings"])):
+            print(f"  ({r['solver']} M = {r['M']:,}) {w}")
+    return results
+
+
+if __name__ == "__main__":
+    main()
