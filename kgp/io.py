@@ -71,7 +71,7 @@ def _feed(digest, value: Any) -> None:
     if torch.is_tensor(value):
         flat = value.detach().cpu().contiguous().reshape(-1)
         digest.update(f"T{flat.dtype}{tuple(value.shape)}".encode())
-        digest.update(flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"")
+        digest.update(flat.view(torch.uint8).numpy() if flat.numel() else b"")  # the buffer itself, not a copy
     elif isinstance(value, dict):
         digest.update(f"D{len(value)}".encode())
         for key in sorted(value, key=repr):

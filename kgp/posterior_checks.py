@@ -10,6 +10,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .validation import all_finite
+
 __all__ = ["PosteriorStateError", "StateChecker", "cpu_copy"]
 
 
@@ -39,7 +41,7 @@ class StateChecker:
     def tensor(self, value: Any, path: str) -> Tensor:
         if not torch.is_tensor(value) or not value.is_floating_point():
             raise PosteriorStateError(f"{self._where(path)}: expected a floating-point tensor")
-        if not bool(torch.isfinite(value).all()):
+        if not all_finite(value):
             raise PosteriorStateError(f"{self._where(path)}: contains non-finite values")
         return value
 

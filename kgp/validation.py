@@ -199,6 +199,12 @@ def _check_finite(tensor: Tensor, name: str, source: Tensor | None = None) -> No
     raise ValueError(f"{name}: contains {bad} NaN or infinite value(s)")
 
 
+def all_finite(tensor: Tensor) -> bool:
+    """Whether every entry of ``tensor`` is finite: its sum first (NaN and infinities propagate through it),
+    the exact count block by block only when the sum is not finite (no input-sized temporary)."""
+    return tensor.numel() == 0 or bool(torch.isfinite(tensor.sum())) or _count_non_finite(tensor) == 0
+
+
 def _count_non_finite(tensor: Tensor) -> int:
     """NaN and infinite entries of ``tensor``, counted block by block (no input-sized temporary)."""
     flat = tensor.reshape(-1)

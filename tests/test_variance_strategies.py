@@ -7,6 +7,7 @@ kernel values, LU solves), and the std of ``predict(return_std=True)``.
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import torch
 
 import kgp
 from kgp.capabilities import TARGETS
-from kgp.posterior import sampling_factor
+from kgp.posterior import PosteriorStateError, sampling_factor
 from kgp.testing.oracles import dense_dtc_covariance, dense_exact_covariance
 from kgp.variance import STRATEGIES, ExactVariance, NoVariance, NystromVariance, for_target
 
@@ -158,3 +159,26 @@ def test_build_cost_says_what_a_first_std_would_cost():
     falkon = kgp.KernelRegressor("rbf", noise=1e-2, solver="falkon", n_centers=40, random_state=0).fit(X, Y)
     assert falkon.posterior_.variance.build_cost() == (n * 40**2 + 40**3, 16 * 40**2)
     assert NoVariance("no reason").build_cost() is None
+
+
+@pytest.mark.parametrize("entry", [(0, 1), (0, 1099), (511, 512), (600, 601), (1023, 1024), (1098, 1099)])
+def test_check_cholesky_finds_one_nonzero_entry_above_the_diagonal_in_any_panel(entry):
+    from kgp.variance.base import check_cholesky
+
+    L = torch.tril(torch.rand(1100, 1100, dtype=torch.float64)) + torch.eye(1100, dtype=torch.float64)
+    check_cholesky(L, "f")  # lower triangular, positive diagonal
+    check_cholesky(L.mT.contiguous().mT, "f")  # a LAPACK (column-major) layout alike
+    L[entry] = 1e-300
+    with pytest.raises(PosteriorStateError, match="posterior.f: expected a lower-triangular Cholesky factor"):
+        check_cholesky(L, "f")
+
+
+def test_all_finite_against_isfinite():
+    from kgp.validation import all_finite
+
+    big = torch.full((3000,), 1e308, dtype=torch.float64)  # finite entries whose sum overflows
+    assert all_finite(big) and all_finite(torch.empty(0))
+    for bad in (math.nan, math.inf, -math.inf):
+        t = torch.zeros(5000, 3)
+        t[4321, 2] = bad
+        assert not all_finite(t) and not all_finite(t.mT)

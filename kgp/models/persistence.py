@@ -34,6 +34,7 @@ from ..kernels.serialize import kernel_from_spec, kernel_to_spec
 from ..plugin import Centers
 from ..posterior import Posterior, PosteriorStateError
 from ..registry import UnknownPluginError, get_predictor_class, get_solver
+from ..validation import all_finite
 
 __all__ = ["check_contents", "model_from_state", "save_model"]
 
@@ -179,7 +180,7 @@ def check_contents(state: dict[str, Any], path, *, upgraded: bool = False) -> No
             raise _fail(path, "fitted.y_ndim", f"must be 1 (one output) or 2, got {fitted.get('y_ndim')!r}")
     _check_spec(state["kernel_spec"], n_features, path, "kernel_spec", 0)
     for where, tensor in _tensors(state):
-        if not tensor.is_floating_point():
+        if not tensor.is_floating_point() or all_finite(tensor):
             continue
         if bool(torch.isnan(tensor).any()):
             raise _fail(path, where, "contains NaN values")
