@@ -208,10 +208,11 @@ def main():
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--centers", type=int, nargs="*", default=None)
     ap.add_argument("--reference", default=None, help="directory holding the reference's eigenpro/ package")
+    ap.add_argument("--data", nargs="*", choices=sorted(LENGTHSCALE), default=None, help="data sets (default: both)")
     ap.add_argument("--periods", nargs="*", default=None, help="eigenpro4 per period: default, T, or Nx")
     ap.add_argument("--repeats", type=int, default=1, help="seeds per fit with --periods")
     args = ap.parse_args()
-    sets = ["letter"] if args.quick else ["letter", "mnist_5k"]
+    sets = args.data or (["letter"] if args.quick else ["letter", "mnist_5k"])
     centers = args.centers or ([1000] if args.quick else [1000, 4000])
     print(
         f"host: {platform.processor() or platform.machine()}, torch threads {torch.get_num_threads()}, "

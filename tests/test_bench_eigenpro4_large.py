@@ -74,3 +74,20 @@ def test_one_command_runs_every_fit_and_prints_one_table(bench, tmp_path, capsys
     curve = lines[-1]["curve"]
     assert all(c["val_rmse"] > target for c in curve[:-1])
     assert curve[-1]["val_rmse"] <= target or len(curve) == 3
+
+
+def test_bench_eigenpro4_periods_table(capsys):
+    """benchmarks/bench_eigenpro4.py --periods: the default period first, ``Nx`` scaled from its batch."""
+    path = SCRIPT.with_name("bench_eigenpro4.py")
+    spec = importlib.util.spec_from_file_location("bench_eigenpro4_periods", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not (module.DATA / "letter.npz").is_file():
+        pytest.skip("letter.npz not found")
+    module.period_table(["letter"], [100], 1, ["16", "2x"], 1)
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| letter |")]
+    assert [row.split(" | ")[2] for row in rows] == ["default", "16", "2x"]
+    batch, period = (int(v) for v in rows[0].split(" | ")[3].split(" / "))
+    assert period == max(1, 100 // batch)
+    assert rows[2].split(" | ")[3] == f"{batch} / {max(1, 200 // batch)}"
+    assert rows[1].split(" | ")[3].endswith(" / 16")
