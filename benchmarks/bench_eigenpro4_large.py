@@ -40,8 +40,7 @@ import argparse
 import json
 import math
 import os
-import platform
-import subprocess
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -57,46 +56,26 @@ import kgp  # noqa: E402
 from kgp.datasets import PriorDraw, excess_rmse  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import bench_large  # noqa: E402  (the data cache and the host and memory readings)
+
 RUNS = HERE / "bench_eigenpro4_runs.jsonl"
-CACHE = Path("/tmp/lead/cache")
+CACHE = HERE / "output" / "large_data"  # bench_large.py's default cache
 
 
 # ---------------------------------------------------------------------- host and memory
-def cpu_model() -> str:
-    """The CPU's model name (``lscpu``), else what :mod:`platform` says."""
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name:"):
-                return line.split(":", 1)[1].strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _proc_status(field: str) -> int | None:
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
 def reset_peak() -> None:
-    """Reset the RSS high-water mark (Linux); elsewhere the peak is the process's so far."""
-    try:
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")
-    except OSError:
-        pass
+    """Reset the RSS high-water mark (Linux; ``bench_large.reset_peak_rss``)."""
+    bench_large.reset_peak_rss()
 
 
 def peak_rss() -> int | None:
-    """The RSS high-water mark since the last :func:`reset_peak`, in bytes (None off Linux)."""
-    return _proc_status("VmHWM")
+    """The RSS high-water mark since the last :func:`reset_peak`, in bytes."""
+    return bench_large.peak_rss_bytes()
+
+
+cpu_model = bench_large.cpu_model
 
 
 def load_average() -> float:
