@@ -78,6 +78,18 @@ def _mismatch_task(rank, world, case):
     return {"error": None, "pred": model.predict(_data()[0][:20])}
 
 
+def _width_task(rank, world):
+    """Rank 1's rows have one column more than rank 0's: refused on every rank before any kernel work."""
+    Xr, yr = _split([N // world] * world)[rank]
+    if rank == 1:
+        Xr = np.column_stack([Xr, Xr[:, 0]])
+    try:
+        kgp.KernelRegressor(**_kw({})).fit(Xr, yr, distributed=True)
+    except Exception as exc:
+        return {"error": type(exc).__name__, "message": str(exc)}
+    return {"error": None}
+
+
 def _agreeing_task(rank, world, case):
     Xr, yr = _split([130, 110])[rank]
     model = kgp.KernelRegressor(**_kw(AGREEING[case][0])).fit(Xr, yr, distributed=True)
@@ -100,6 +112,7 @@ def runs(tmp_path_factory):
     plan = [
         *((f"mismatch/{case}", _mismatch_task, (case,)) for case in MISMATCHES),
         *((f"agree/{case}", _agreeing_task, (case,)) for case in AGREEING),
+        ("width", _width_task, ()),
     ]
     return _spawn(2, _suite_task, tmp_path_factory.mktemp("ranks"), plan)
 
@@ -115,6 +128,14 @@ def test_ranks_that_disagree_raise_the_same_value_error(runs, case):
         assert words in res["message"], res["message"]
         assert "Construct the estimator with the same parameters on every rank" in res["message"]
     assert results[0]["message"] == results[1]["message"]
+
+
+def test_rows_of_different_widths_across_ranks_are_refused_naming_each_ranks_width(runs):
+    for res in (r["width"] for r in runs):
+        assert res["error"] == "ValueError", res
+        assert res["message"] == (
+            "distributed fit: every rank must have the same number of features, got rank 0: 3, rank 1: 4"
+        ), res["message"]
 
 
 @pytest.mark.parametrize("case", list(AGREEING))
