@@ -411,6 +411,34 @@ def latent_covariance(kernel: gpytorch.kernels.Kernel, Xq: Tensor, factors: Vari
     return cov
 
 
+def factor_entries(
+    raw: Any, context: LoadContext, kind: str, factor_names: tuple[str, ...]
+) -> tuple[Tensor, dict[str, Tensor], float]:
+    """The checked entries of a stored ``posterior.variance.factors``: its points, its lower Cholesky factors
+    named ``factor_names`` (square, one row and column per point) and its noise.
+
+    Raises
+    ------
+    PosteriorStateError
+        Naming the entry: another kind, points that are not inputs of the kernel, a factor of another shape
+        or not lower triangular with a positive diagonal, a noise that is not a positive number.
+    """
+    check = context.check
+    state = check.mapping(raw, "variance.factors")
+    if state.get("kind") != kind:
+        raise PosteriorStateError(
+            f"posterior.variance.factors.kind: expected {kind!r} (the variance kind), got {state.get('kind')!r}"
+        )
+    points = check.points(state.get("points"), "variance.factors.points", cols=context.n_features)
+    p = points.shape[0]
+    factors = {}
+    for name in factor_names:
+        factors[name] = check.matrix(state.get(name), f"variance.factors.{name}", rows=p, cols=p)
+        check_cholesky(factors[name], f"variance.factors.{name}")
+    noise = check.positive_number(state.get("noise"), "variance.factors.noise")
+    return points, factors, noise
+
+
 _PANEL = 512
 """Columns per panel of :func:`check_cholesky`'s scan of the upper triangle."""
 

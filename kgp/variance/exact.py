@@ -29,8 +29,8 @@ from .base import (
     LoadContext,
     VarianceFactors,
     VarianceStrategy,
-    check_cholesky,
     check_dense_size,
+    factor_entries,
 )
 from .none import NoVariance
 
@@ -142,17 +142,6 @@ class ExactVariance(FactoredVariance):
 
 
 def _factors_from_state(raw: Any, context: LoadContext) -> ExactFactors:
-    check = context.check
-    state = check.mapping(raw, "variance.factors")
-    if state.get("kind") != ExactFactors.kind:
-        raise PosteriorStateError(
-            f"posterior.variance.factors.kind: expected {ExactFactors.kind!r} (the variance kind), "
-            f"got {state.get('kind')!r}"
-        )
-    points = check.points(state.get("points"), "variance.factors.points", cols=context.n_features)
-    p = points.shape[0]
-    chol = check.matrix(state.get("chol"), "variance.factors.chol", rows=p, cols=p)
-    check_cholesky(chol, "variance.factors.chol")
-    noise = check.positive_number(state.get("noise"), "variance.factors.noise")
+    points, factors, noise = factor_entries(raw, context, ExactFactors.kind, ("chol",))
     to = {"device": context.device, "dtype": context.dtype}
-    return ExactFactors(points.to(**to), chol.to(**to), noise)
+    return ExactFactors(points.to(**to), factors["chol"].to(**to), noise)

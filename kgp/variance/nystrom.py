@@ -46,7 +46,7 @@ from .base import (
     LoadContext,
     VarianceFactors,
     VarianceStrategy,
-    check_cholesky,
+    factor_entries,
     working_kernel,
 )
 from .none import NoVariance
@@ -302,20 +302,8 @@ class NystromVariance(FactoredVariance):
 
 
 def _factors_from_state(raw: Any, context: LoadContext) -> NystromFactors:
-    check = context.check
-    state = check.mapping(raw, "variance.factors")
-    if state.get("kind") != NystromFactors.kind:
-        raise PosteriorStateError(
-            f"posterior.variance.factors.kind: expected {NystromFactors.kind!r} (the variance kind), "
-            f"got {state.get('kind')!r}"
-        )
-    points = check.points(state.get("points"), "variance.factors.points", cols=context.n_features)
-    p = points.shape[0]
-    chol = check.matrix(state.get("chol"), "variance.factors.chol", rows=p, cols=p)
-    check_cholesky(chol, "variance.factors.chol")
-    chol_s = check.matrix(state.get("chol_s"), "variance.factors.chol_s", rows=p, cols=p)
-    check_cholesky(chol_s, "variance.factors.chol_s")
-    noise = check.positive_number(state.get("noise"), "variance.factors.noise")
+    points, factors, noise = factor_entries(raw, context, NystromFactors.kind, ("chol", "chol_s"))
+    chol, chol_s = factors["chol"], factors["chol_s"]
     # the factors were built with the posterior's noise: a file where the two differ was edited
     if not math.isclose(noise, context.noise, rel_tol=1e-12):
         raise PosteriorStateError(
