@@ -66,6 +66,18 @@ def load(name):
     return Xtr, ytr, Xte, yte
 
 
+def problems(sets, centers):
+    """Each (data set, M) of a table: ``(name, M, Z, (Xtr, ytr, Xte, yte))`` with M uniform training rows as
+    the centers every solver shares (M capped at n)."""
+    for name in sets:
+        data = load(name)
+        n = data[0].shape[0]
+        for M in centers:
+            M = min(M, n)
+            idx = torch.randperm(n, generator=torch.Generator().manual_seed(SEED))[:M]
+            yield name, M, torch.as_tensor(data[0][idx.numpy()]), data
+
+
 def fit(solver, name, Z, Xtr, ytr, Xte, yte, epochs, options=None, seed=SEED):
     t0, cpu0 = time.perf_counter(), time.process_time()
     clf = kgp.KernelClassifier(
@@ -169,37 +181,31 @@ def period_table(sets, centers, epochs, specs, repeats):
         "| CPU s (mean) |"
     )
     print("|---|---|---|---|---|---|---|---|")
-    for name in sets:
-        Xtr, ytr, Xte, yte = load(name)
-        n = Xtr.shape[0]
-        for M in centers:
-            M = min(M, n)
-            idx = torch.randperm(n, generator=torch.Generator().manual_seed(SEED))[:M]
-            Z = torch.as_tensor(Xtr[idx.numpy()])
-            rows = {spec: {"acc": [], "s": [], "cpu": [], "T": [], "proj": [], "m": []} for spec in specs}
-            for seed in range(repeats):
-                batch = None  # the default's batch for this seed (its subsample sets the curvature)
-                for spec in specs:
-                    options = {}
-                    if spec != "default":
-                        factor = int(spec[:-1]) if spec.endswith("x") else None
-                        options["projection_period"] = max(1, factor * M // batch) if factor else int(spec)
-                    acc, seconds, ex = fit("eigenpro4", name, Z, Xtr, ytr, Xte, yte, epochs, options, seed=seed)
-                    batch = batch or ex["batch_size"]
-                    row = rows[spec]
-                    row["acc"].append(100 * acc)
-                    row["s"].append(seconds)
-                    row["cpu"].append(ex["cpu_seconds"])
-                    row["T"].append(ex["projection_period"])
-                    row["proj"].append(ex["projections"])
-                    row["m"].append(ex["batch_size"])
-            for spec, row in rows.items():
-                print(
-                    f"| {name} | {M} | {spec} | {'/'.join(map(str, row['m']))} / {'/'.join(map(str, row['T']))} | "
-                    f"{np.mean(row['acc']):.2f} ({', '.join(f'{a:.2f}' for a in row['acc'])}) | "
-                    f"{'/'.join(map(str, row['proj']))} | {np.mean(row['s']):.1f} | {np.mean(row['cpu']):.1f} |",
-                    flush=True,
-                )
+    for name, M, Z, (Xtr, ytr, Xte, yte) in problems(sets, centers):
+        rows = {spec: {"acc": [], "s": [], "cpu": [], "T": [], "proj": [], "m": []} for spec in specs}
+        for seed in range(repeats):
+            batch = None  # the default's batch for this seed (its subsample sets the curvature)
+            for spec in specs:
+                options = {}
+                if spec != "default":
+                    factor = int(spec[:-1]) if spec.endswith("x") else None
+                    options["projection_period"] = max(1, factor * M // batch) if factor else int(spec)
+                acc, seconds, ex = fit("eigenpro4", name, Z, Xtr, ytr, Xte, yte, epochs, options, seed=seed)
+                batch = batch or ex["batch_size"]
+                row = rows[spec]
+                row["acc"].append(100 * acc)
+                row["s"].append(seconds)
+                row["cpu"].append(ex["cpu_seconds"])
+                row["T"].append(ex["projection_period"])
+                row["proj"].append(ex["projections"])
+                row["m"].append(ex["batch_size"])
+        for spec, row in rows.items():
+            print(
+                f"| {name} | {M} | {spec} | {'/'.join(map(str, row['m']))} / {'/'.join(map(str, row['T']))} | "
+                f"{np.mean(row['acc']):.2f} ({', '.join(f'{a:.2f}' for a in row['acc'])}) | "
+                f"{'/'.join(map(str, row['proj']))} | {np.mean(row['s']):.1f} | {np.mean(row['cpu']):.1f} |",
+                flush=True,
+            )
 
 
 def main():
@@ -233,27 +239,21 @@ def main():
     )
     print("|---" * (8 + (3 if ref else 0)) + "|")
     splits = []
-    for name in sets:
-        Xtr, ytr, Xte, yte = load(name)
-        n = Xtr.shape[0]
-        for M in centers:
-            M = min(M, n)
-            idx = torch.randperm(n, generator=torch.Generator().manual_seed(SEED))[:M]
-            Z = torch.as_tensor(Xtr[idx.numpy()])
-            acc3, t3, _ = fit("eigenpro", name, Z, Xtr, ytr, Xte, yte, args.epochs)
-            acc4, t4, ex = fit("eigenpro4", name, Z, Xtr, ytr, Xte, yte, args.epochs)
-            row = (
-                f"| {name} | {M} | {100 * acc3:.2f} | {t3:.1f} | {100 * acc4:.2f} | {t4:.1f} | {t3 / t4:.2f}x | "
-                f"{ex['batch_size']} / {ex['projection_period']} |"
-            )
-            if ref is not None:
-                accr, tr = run_reference(ref, name, Z, Xtr, ytr, Xte, yte, args.epochs)
-                row += f" {100 * accr:.2f} | {tr:.1f} | {tr / t4:.2f}x |"
-            splits.append(
-                f"| {name} | {M} | {ex['setup_time']:.1f} | {ex['time_steps']:.1f} | {ex['time_projection']:.1f} | "
-                f"{ex['projections']} | {ex['memory_estimate'] / 2**20:.1f} |"
-            )
-            print(row, flush=True)
+    for name, M, Z, (Xtr, ytr, Xte, yte) in problems(sets, centers):
+        acc3, t3, _ = fit("eigenpro", name, Z, Xtr, ytr, Xte, yte, args.epochs)
+        acc4, t4, ex = fit("eigenpro4", name, Z, Xtr, ytr, Xte, yte, args.epochs)
+        row = (
+            f"| {name} | {M} | {100 * acc3:.2f} | {t3:.1f} | {100 * acc4:.2f} | {t4:.1f} | {t3 / t4:.2f}x | "
+            f"{ex['batch_size']} / {ex['projection_period']} |"
+        )
+        if ref is not None:
+            accr, tr = run_reference(ref, name, Z, Xtr, ytr, Xte, yte, args.epochs)
+            row += f" {100 * accr:.2f} | {tr:.1f} | {tr / t4:.2f}x |"
+        splits.append(
+            f"| {name} | {M} | {ex['setup_time']:.1f} | {ex['time_steps']:.1f} | {ex['time_projection']:.1f} | "
+            f"{ex['projections']} | {ex['memory_estimate'] / 2**20:.1f} |"
+        )
+        print(row, flush=True)
     print("\neigenpro4's time: setup (preconditioner, curvature, projection setup), steps, projections (inner epoch")
     print("and the residual product); the memory estimate it logged")
     print("| data | M | setup s | steps s | projections s | projections | memory estimate MiB |")
