@@ -7,7 +7,14 @@ import pytest
 import torch
 
 from kgp.kernels import kernel_parameters
-from kgp.linalg import NotPSDError, largest_eigenvalue, psd_cholesky, smallest_eigenvalue_from_cholesky
+from kgp.linalg import (
+    NotPSDError,
+    largest_eigenvalue,
+    psd_cholesky,
+    psd_cholesky_in_place,
+    smallest_eigenvalue_from_cholesky,
+)
+from kgp.linalg.lapack import potrf_applies
 
 F64 = torch.float64
 
@@ -40,6 +47,73 @@ def test_psd_cholesky_raises_not_psd_error_naming_the_matrix():
         psd_cholesky(A, max_tries=0)
     with pytest.raises(NotPSDError, match="contains NaN"):
         psd_cholesky(torch.full((3, 3), float("nan"), dtype=F64))
+
+
+def _rank_deficient(m: int, rank: int, seed: int, dtype=F64) -> torch.Tensor:
+    B = torch.randn(m, rank, generator=torch.Generator().manual_seed(seed), dtype=F64)
+    return (B @ B.T).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_psd_cholesky_in_place_is_psd_cholesky_without_a_copy(dtype):
+    A = _spd(80, 1e3).to(dtype)
+    expected = psd_cholesky(A)
+    below = torch.ones(80, 80, dtype=torch.bool).tril(-1)
+    work = A.masked_fill(below, float("nan"))  # NaN below the diagonal: only the upper triangle is read
+    pointer = work.data_ptr()
+    L = psd_cholesky_in_place(work)
+    assert L.data_ptr() == pointer and torch.equal(L, L.tril())
+    eps = torch.finfo(dtype).eps
+    torch.testing.assert_close(L, expected, rtol=100 * eps * 1e3**0.5, atol=100 * eps)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_psd_cholesky_in_place_restores_the_matrix_between_jitters(dtype):
+    # a positive definite leading block, then a rank-deficient tail: the plain try fails late, after LAPACK
+    # overwrote most of the lower triangle, and each retry must factor the original matrix plus its jitter,
+    # the same jitter psd_cholesky adds
+    m = 60
+    P = torch.zeros(m, m, dtype=F64)
+    P[:40, :40] = _spd(40, 10.0, seed=2)
+    P[40:, 40:] = _rank_deficient(20, 3, seed=5)
+    P = P.to(dtype)
+    assert int(torch.linalg.cholesky_ex(P).info) > 30
+    L = psd_cholesky_in_place(P.clone())
+    reference = psd_cholesky(P)
+    added = (L.double() @ L.double().T - P.double()).diagonal()
+    expected = (reference.double() @ reference.double().T - P.double()).diagonal()
+    eps = torch.finfo(dtype).eps
+    scale = float(P.diagonal().abs().mean())
+    # the reconstruction is P plus a jitter on the diagonal (rounding of the product aside) ...
+    off = L.double() @ L.double().T - P.double()
+    off.diagonal().zero_()
+    assert float(off.abs().max()) < 50 * eps * scale
+    # ... the same jitter as psd_cholesky's, a power of ten times eps * mean(diag)
+    assert float(added.mean()) > eps * scale / 2
+    torch.testing.assert_close(added.mean(), expected.mean(), rtol=0.1, atol=50 * eps * scale)
+
+
+def test_psd_cholesky_in_place_errors_name_the_matrix():
+    with pytest.raises(NotPSDError, match=r"K_MM \(4 x 4, torch.float64\) is not positive definite.*use float64"):
+        psd_cholesky_in_place(-torch.eye(4, dtype=F64), what="K_MM", remedy="use float64")
+    with pytest.raises(NotPSDError, match="not positive definite$"):
+        psd_cholesky_in_place(-torch.eye(4, dtype=F64), max_tries=0)
+    A = _spd(6, 10.0)
+    A[0, 3] = float("nan")
+    with pytest.raises(NotPSDError, match="K_MM contains NaN or infinite entries"):
+        psd_cholesky_in_place(A, what="K_MM")
+
+
+def test_psd_cholesky_in_place_off_lapack_copies_the_factor_back():
+    # a non-contiguous matrix cannot go to LAPACK on its own memory: psd_cholesky factors a copy
+    A = _spd(30, 1e2)
+    storage = torch.empty(30, 30, dtype=F64)
+    view = storage.mT
+    view.copy_(A.triu() + torch.full((30, 30), 7.0, dtype=F64).tril(-1))  # only the upper triangle counts
+    assert not potrf_applies(view)
+    L = psd_cholesky_in_place(view)
+    assert L.data_ptr() == storage.data_ptr()
+    torch.testing.assert_close(L, psd_cholesky(A), rtol=1e-12, atol=1e-13)
 
 
 @pytest.mark.parametrize("m", [30, 300])

@@ -164,6 +164,15 @@ def test_mirror_lower_copies_the_lower_triangle(n):
     assert torch.equal(mirror_lower(A, block=128), expected)
 
 
+@pytest.mark.parametrize("n", [1, 5, 257, 600])
+def test_mirror_upper_copies_the_upper_triangle(n):
+    from kgp.linalg import mirror_upper
+
+    A = torch.randn(n, n, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    expected = A.triu() + A.triu(1).mT
+    assert torch.equal(mirror_upper(A, block=128), expected)
+
+
 def test_flush_below_keeps_subnormals_out_of_the_factor():
     # a Gaussian kernel matrix of far-apart points in float32: entries down to e^-700 in float64 round to
     # subnormals (or 0) in float32, and the blocked factorization creates more in its panels. With

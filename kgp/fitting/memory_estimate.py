@@ -20,7 +20,8 @@ the fit's dtype:
   ``kernel_cache="auto"`` the operator keeps the leading rows that fit), the kernel row blocks
   (``block_rows x M x s`` per buffer) and the solver's ``M x M`` arrays (``solver_arrays``: FALKON holds
   ``K_MM`` and its two triangular factors at its peak on the CPU);
-* **variance** -- the predictive variance's ``M x M`` factors (``variance_arrays``) and its row blocks.
+* **variance** -- the predictive variance's ``M x M`` arrays (``variance_arrays``: the Gram and ``K_MM``, each
+  factored over itself, :func:`kgp.variance.nystrom.nystrom_factors`) and its row blocks.
 
 Measured on the CPU (float64, FALKON, fixed hyperparameters, the resident anonymous memory of the process
 sampled every 2 ms): n = 60,000, d = 4, M = 800: peak +407 MB (estimate 419 MB); n = 20,000, d = 4,
@@ -120,7 +121,7 @@ def estimate_fit_memory(
     block_buffers: int = 2,
     solver_arrays: int = 3,
     variance: bool = True,
-    variance_arrays: int = 3,
+    variance_arrays: int = 2,
     learn_rows: int = 0,
     learn_arrays: int = 3,
 ) -> FitMemory:

@@ -1,5 +1,5 @@
-"""Cholesky factorizations with one failure behaviour: jittered (:func:`psd_cholesky`) and in place
-(:func:`cholesky_in_place`).
+"""Cholesky factorizations with one failure behaviour: jittered (:func:`psd_cholesky`), in place
+(:func:`cholesky_in_place`), and both (:func:`psd_cholesky_in_place`).
 
 Every not-positive-definite failure raises linear_operator's :class:`NotPSDError` naming the matrix and a remedy.
 :func:`cholesky_in_place` writes the factor over its input, so that a large factorization holds one ``M x M`` array
@@ -21,8 +21,9 @@ from torch import Tensor
 
 from .lapack import potrf_applies, potrf_lower
 from .subnormal import flush_denormals, zero_small_entries
+from .triangular import mirror_upper
 
-__all__ = ["CHOLESKY_BLOCK", "POTRF_MAX", "NotPSDError", "cholesky_in_place", "psd_cholesky"]
+__all__ = ["CHOLESKY_BLOCK", "POTRF_MAX", "NotPSDError", "cholesky_in_place", "psd_cholesky", "psd_cholesky_in_place"]
 
 # The blocked Cholesky's blocks, measured with two threads on a 2-core host (
 # n = 2,000 / 4,000 / 8,000, float64): the Cholesky took 0.050 / 0.297 / 2.11 s with 384-wide blocks
@@ -82,6 +83,46 @@ def psd_cholesky(
             if bool(torch.isnan(A).any()):
                 raise NotPSDError(f"{what} contains NaN; {remedy}".rstrip("; ")) from exc
             raise
+
+
+def psd_cholesky_in_place(
+    A: Tensor,
+    *,
+    max_tries: int = 6,
+    what: str = "the matrix",
+    remedy: str = "",
+) -> Tensor:
+    """Lower Cholesky factor of a symmetric PSD matrix written over ``A``, with :func:`psd_cholesky`'s jitter rule.
+
+    The matrix is ``A``'s upper triangle (diagonal included), mirrored onto the lower one first, so that every
+    try factors the same, exactly symmetric matrix. A try that fails leaves the strict upper triangle as it was
+    (LAPACK's ``potrf`` writes only the lower one, :func:`kgp.linalg.lapack.potrf_lower`): the next try
+    restores the lower triangle from it and the diagonal from a saved copy, adds the jitter, and factors
+    again, so that no second ``M x M`` array is held. Jitter as :func:`psd_cholesky` adds it: none first,
+    then ``eps(dtype) * mean(diag(A))`` growing tenfold, ``max_tries`` times. On success the strict upper
+    triangle is set to 0. Where LAPACK cannot be called on ``A``'s memory (:func:`~kgp.linalg.lapack.potrf_applies`
+    is False: another device, autograd), :func:`psd_cholesky` factors a copy and the factor is copied back.
+
+    Raises
+    ------
+    NotPSDError
+        If no tried jitter makes ``A`` positive definite (or ``A`` holds NaN); ``A`` is then overwritten.
+    """
+    if not potrf_applies(A):
+        return A.copy_(psd_cholesky(A.triu() + A.triu(1).mT, max_tries=max_tries, what=what, remedy=remedy))
+    mirror_upper(A)
+    diagonal = A.diagonal().clone()
+    scale = float(diagonal.abs().mean()) if A.numel() else 1.0
+    jitter = torch.finfo(A.dtype).eps * (scale if scale > 0 else 1.0)
+    for attempt in range(max_tries + 1):
+        if attempt:
+            mirror_upper(A)
+            A.diagonal().copy_(diagonal).add_(jitter * 10 ** (attempt - 1))
+        if potrf_lower(A, zero_upper=False) == 0 and bool(torch.isfinite(A.diagonal()).all()):
+            return A.tril_()
+    if not (bool(torch.isfinite(diagonal).all()) and bool(torch.isfinite(A.triu(1)).all())):
+        raise NotPSDError(f"{what} contains NaN or infinite entries; {remedy}".rstrip("; "))
+    raise NotPSDError(_message(A, what, remedy, jitter * 10 ** (max_tries - 1) if max_tries else None))
 
 
 def _message(A: Tensor, what: str, remedy: str, jitter: float | None) -> str:

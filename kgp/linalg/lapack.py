@@ -87,14 +87,18 @@ def potrf_applies(A: Tensor) -> bool:
     )
 
 
-def potrf_lower(A: Tensor) -> int:
+def potrf_lower(A: Tensor, *, zero_upper: bool = True) -> int:
     """Factor ``A = L L^T`` in place (``L`` over the lower triangle, the strict upper one set to 0); LAPACK's ``info``.
 
     Only the lower triangle of ``A`` is read. ``info > 0``: the leading minor of that order is not positive
-    definite (``A`` is then partly overwritten). ``A`` must satisfy :func:`potrf_applies`.
+    definite (the lower triangle is then partly overwritten). ``zero_upper=False`` leaves the strict upper
+    triangle as it was, success or not: a symmetric matrix keeps a copy of itself there, from which a failed
+    try can be restored (:func:`kgp.linalg.cholesky.psd_cholesky_in_place`). ``A`` must satisfy
+    :func:`potrf_applies`.
     """
     if not potrf_applies(A):
         raise ValueError("potrf_lower: expected a contiguous square float32/float64 CPU matrix without grad")
     info = _call(A)
-    A.tril_()
+    if zero_upper:
+        A.tril_()
     return info

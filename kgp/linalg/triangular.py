@@ -22,6 +22,7 @@ __all__ = [
     "inverse_from_cholesky",
     "inverse_of_lower",
     "mirror_lower",
+    "mirror_upper",
     "solve_lower_in_place",
     "solve_lower_wide",
 ]
@@ -184,6 +185,21 @@ def inverse_of_lower(L: Tensor, *, block: int = GRAM_BLOCK, overwrite: bool = Fa
             W[i:e, :i].neg_()
         W[i:e, i:e] = D
     return W
+
+
+def mirror_upper(A: Tensor, *, block: int = GRAM_BLOCK) -> Tensor:
+    """Copy the strict upper triangle of square ``A`` onto its strict lower triangle, in place.
+
+    The diagonal is left as it is. Tile by tile, as :func:`mirror_lower`; the temporaries are one
+    ``block x block`` tile.
+    """
+    n = A.shape[-1]
+    for i in range(0, n, block):
+        e = min(i + block, n)
+        A[e:, i:e] = A[i:e, e:].mT
+        tile = A[i:e, i:e]
+        tile.copy_(tile.triu() + tile.triu(1).mT)
+    return A
 
 
 def mirror_lower(A: Tensor, *, block: int = GRAM_BLOCK) -> Tensor:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..linalg.triangular import mirror_upper
 from .autograd import bilinear_derivative
 from .blocks import row_slices
 from .fused_cpu import native_pass, native_rows_product, stored_pass, transpose_pass, use_native, use_stored
@@ -291,7 +292,8 @@ class StreamingProducts:
         The Gram matrix ``K_Mn K_nM`` of the SGPR / DTC variance (Titsias 2009, eq. 6) without the
         ``n x m`` matrix. Only the upper triangle of column panels is multiplied (about half of the
         ``n m^2`` flops of ``fused_matmul(eye(m))``, which also spends ``n m^2`` on the identity) and
-        mirrored at the end. A sharded operator sums the ranks' partial products.
+        mirrored onto the lower one at the end, in place (:func:`kgp.linalg.mirror_upper`). A sharded operator
+        sums the ranks' partial products.
         """
         n, m = self.work.shape_nm
         scale = self.work.scale()
@@ -304,8 +306,7 @@ class StreamingProducts:
                     e = min(c + panel, m)
                     out[c:e, c:].addmm_(block[:, c:e].T, block[:, c:])
             self.reduce(out)
-            upper = out.triu()
-            out = upper + upper.triu(1).mT
+            mirror_upper(out)  # in place: the variance's M x M budget holds the Gram once, not three times
             if scale is not None:
                 out.mul_(scale * scale)
         return out

@@ -37,7 +37,7 @@ import gpytorch
 import torch
 from torch import Tensor
 
-from ..linalg import psd_cholesky
+from ..linalg import psd_cholesky_in_place
 from ..operators import kernel_operator
 from ..posterior_checks import PosteriorStateError, cpu_copy
 from .base import (
@@ -148,18 +148,20 @@ def nystrom_factors(
     if X.dtype == torch.float32:
         kernel, X, Z = working_kernel(kernel, torch.float64), X.double(), Z.double()
     with torch.no_grad():
-        kmm = kernel_operator(kernel, Z).to_dense()
+        # two M x M arrays at most: the Gram, then K_MM, each factored over itself (the Gram pass's row
+        # blocks come and go before K_MM is built)
         S = kernel_operator(kernel, X, Z, shard=shard).gram()
         if gram_scale != 1.0:
             S.mul_(gram_scale)
+        kmm = kernel_operator(kernel, Z).to_dense()
         S.add_(kmm, alpha=noise)
-        S = 0.5 * (S + S.T)  # kmm is symmetric only to rounding
         # up to 12 tenfold jitters, from eps to ~1e-5 of the mean diagonal: a learned GP with M = 11,241
         # (UCI keggdirected, float64) needed the sixth; a jitter that size moves the std only in
-        # directions the centers cannot tell apart, which rounding already blurs
+        # directions the centers cannot tell apart, which rounding already blurs. Each matrix is its upper
+        # triangle (psd_cholesky_in_place), which makes K_MM, symmetric only to rounding, exactly so
         remedy = "use fewer or better-spread centers (n_centers) or a larger noise"
-        L = psd_cholesky(kmm, max_tries=12, what="K_MM of the centers", remedy=remedy)
-        L_s = psd_cholesky(S, max_tries=12, what="noise*K_MM + K_Mn K_nM", remedy=remedy)
+        L = psd_cholesky_in_place(kmm, max_tries=12, what="K_MM of the centers", remedy=remedy)
+        L_s = psd_cholesky_in_place(S, max_tries=12, what="noise*K_MM + K_Mn K_nM", remedy=remedy)
     return NystromFactors(Z, L, L_s, noise)
 
 
