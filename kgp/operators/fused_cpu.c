@@ -14,6 +14,9 @@
    first h rows of an n x M matrix (row i at STORE + i M; h = n for the whole K, less for a head of it, and a
    call that stores covers rows below h only): where given, the entries formed are written there too
    (kernel_cache="auto" keeps them from then on), and later products read them with the stored pass below.
+   SELF is NULL or n entries: where SELF[i] >= 0, row i's entry in column SELF[i] is set to SELF_VALUE (the
+   exact k(x, x) of a row that is that column's point: the GEMM's cancellation leaves rounding there, and at
+   extreme input scales anything in [0, 1]) before it is stored or multiplied.
    Built three times: float entries with float sums, float entries with double sums, double with double. */
 
 #include <stdint.h>
@@ -92,8 +95,9 @@ static const float EXP2_TABLE32[16] = {
             memcpy(OUT + i, &x, sizeof x);                                                                        \
         }                                                                                                         \
     }                                                                                                             \
-    void NAME(const T *R, const T *CT, const T *VT, const T *W, ACC *OUT, T *BUF, T *KV, T *STORE, int64_t n0,  \
-              int64_t n1, int64_t D, int64_t MP, int64_t k, int64_t family, T lo, T hi, int64_t M) {             \
+    void NAME(const T *R, const T *CT, const T *VT, const T *W, ACC *OUT, T *BUF, T *KV, T *STORE,               \
+              const int64_t *SELF, int64_t n0, int64_t n1, int64_t D, int64_t MP, int64_t k, int64_t family, T lo,  \
+              T hi, T SELF_VALUE, int64_t M) {                                                                     \
         T u[TILE * MAX_K];                                                                                        \
         const NAME##_vt vlo = (NAME##_vt){0} + lo, vhi = (NAME##_vt){0} + hi, vzero = {0};                        \
         NAME##_vt t0, t1;                                                                                         \
@@ -136,6 +140,10 @@ static const float EXP2_TABLE32[16] = {
                     }                                                                                             \
             }                                                                                                     \
             int64_t rows = n1 - i0 < TILE ? n1 - i0 : TILE;                                                       \
+            /* a row's own column: the exact k(x, x) in place of the GEMM's rounding */                           \
+            if (SELF)                                                                                             \
+                for (int64_t r = 0; r < rows; ++r)                                                                \
+                    if (SELF[i0 + r] >= 0) BUF[r * MP + SELF[i0 + r]] = SELF_VALUE;                               \
             /* the tile's rows into the stored K (n x M, row-major) as they were formed */                        \
             if (STORE)                                                                                            \
                 for (int64_t r = 0; r < rows; ++r) memcpy(STORE + (i0 + r) * M, BUF + r * MP, M * sizeof(T));    \

@@ -62,6 +62,7 @@ __all__ = [
     "native_applies",
     "native_error",
     "native_pass",
+    "native_residual",
     "native_rows_product",
     "stored_pass",
     "transpose_pass",
@@ -105,7 +106,7 @@ def _load() -> ctypes.CDLL:
     ):
         fn = getattr(lib, name)
         fn.restype = None
-        fn.argtypes = [pointer] * 8 + [size] * 6 + [scalar] * 2 + [size]
+        fn.argtypes = [pointer] * 9 + [size] * 6 + [scalar] * 3 + [size]
     for name in ("kgp_stored_pass_f32", "kgp_stored_pass_f32_f64", "kgp_stored_pass_f64"):
         fn = getattr(lib, name)
         fn.restype = None
@@ -135,9 +136,11 @@ def native_error() -> str | None:
     return None if _library() is not None else (_error[-1] if _error else "unknown")
 
 
-def native_applies(work: BlockWorkspace, k: int, *rhs: Tensor) -> bool:
+def native_applies(work: BlockWorkspace, k: int, *rhs: Tensor, own_columns: bool = False) -> bool:
     """Whether ``work``'s fused product (``k`` columns, right-hand sides ``rhs``) can run natively (module
-    docstring); a stored ``K`` is only seen once it exists, :func:`use_native` is what the products call."""
+    docstring); a stored ``K`` is only seen once it exists, :func:`use_native` is what the products call.
+    ``own_columns``: the caller names each row's own column (:func:`native_residual`), so ``K(X, X)`` is
+    accepted too, its diagonal set exactly by the pass."""
     mode = settings.fused_kernels.value()
     x1 = work.x1
     if mode == "never" or work.formula.family not in _FAMILIES or x1.device.type != "cpu" or not 1 <= k <= MAX_COLUMNS:
@@ -159,7 +162,7 @@ def native_applies(work: BlockWorkspace, k: int, *rhs: Tensor) -> bool:
             )
         return False
     work.check_cache()
-    return not work.same_inputs() and work.cache.get("stored") is None
+    return (own_columns or not work.same_inputs()) and work.cache.get("stored") is None
 
 
 def use_native(work: BlockWorkspace, k: int, *rhs: Tensor) -> bool:
@@ -300,13 +303,41 @@ def native_rows_product(work: BlockWorkspace, vs: Tensor) -> Tensor:
     return out
 
 
+def native_residual(
+    work: BlockWorkspace, vs: Tensor, w: Tensor | None, own: Tensor | None, transpose: bool, accumulate: torch.dtype
+) -> tuple[Tensor, Tensor | None]:
+    """``u = K vs + w`` (``n x k``, in the operator's dtype) and, with ``transpose``, ``K^T u`` (``m x k``, summed
+    in ``accumulate``), unscaled ``K``, from one formation of each tile of rows (the C source's pass with both
+    its outputs); no stored ``K`` is read or written. ``own``: each row's own column (int64, -1: none), whose
+    entry is set to the exact ``k(x, x)``; for a caller that checked :func:`native_applies`."""
+    n, m = work.shape_nm
+    k = vs.shape[1]
+    u = torch.empty(n, k, dtype=work.x1.dtype)
+    if n == 0:
+        return u, torch.zeros(m, k, dtype=accumulate) if transpose else None
+    own = None if own is None else own.to(torch.int64).contiguous()
+    parts = _run(work, vs, w, accumulate, u, transpose=transpose, own=own)
+    return u, (_sum(parts)[:, :m].T.contiguous() if transpose else None)
+
+
 def _run(
-    work: BlockWorkspace, vs: Tensor, w: Tensor | None, accumulate: torch.dtype, kv: Tensor | None, start: int = 0
+    work: BlockWorkspace,
+    vs: Tensor,
+    w: Tensor | None,
+    accumulate: torch.dtype,
+    kv: Tensor | None,
+    start: int = 0,
+    *,
+    transpose: bool | None = None,
+    own: Tensor | None = None,
 ) -> list[Tensor]:
     """One call per thread over contiguous shares of whole tiles of rows ``[start, n)``; each thread's
-    ``k x padded`` partial sum of ``K^T (K vs + w)`` over them (none when ``kv`` is given: ``K vs`` is written
-    there instead). Where :func:`use_native` left a buffer for ``K`` (whole, or a head of its rows), the rows
-    it covers are written into it as they are formed and it is kept once the pass is through."""
+    ``k x padded`` partial sum of ``K^T (K vs + w)`` over them. Where ``kv`` is given, ``K vs + w`` is written
+    there, and the transposed product is made only with ``transpose=True`` (default: only without ``kv``).
+    ``own`` (int64, ``n``): each row's own column, -1 for none; those entries are set to the exact unscaled
+    ``k(x, x) = 1`` of the stationary families the pass forms. Where :func:`use_native` left a buffer for ``K``
+    (whole, or a head of its rows), the rows it covers are written into it as they are formed and it is kept
+    once the pass is through."""
     lib = _library()
     dtype = work.x1.dtype
     n, m = work.shape_nm
@@ -343,10 +374,12 @@ def _run(
         groups.append((_row_shares(max(start, stored_rows), n), None))
     w_ptr = None if wc is None else wc.data_ptr()
     kv_ptr = None if kv is None else kv.data_ptr()
+    own_ptr = None if own is None else own.data_ptr()
+    transpose = kv is None if transpose is None else transpose
     bufs = [torch.empty(TILE, padded, dtype=dtype) for _ in range(max(len(g) for g, _ in groups))]
     outs = []
     for shares, target in groups:
-        parts = [torch.zeros(k, padded, dtype=accumulate) for _ in shares] if kv is None else []
+        parts = [torch.zeros(k, padded, dtype=accumulate) for _ in shares] if transpose else []
         store_ptr = None if target is None else target.data_ptr()
 
         def run(i: int, shares=shares, parts=parts, store_ptr=store_ptr) -> None:
@@ -354,7 +387,7 @@ def _run(
             out_ptr = parts[i].data_ptr() if parts else None
             fn(
                 rows.data_ptr(), cols_t.data_ptr(), vt.data_ptr(), w_ptr, out_ptr, bufs[i].data_ptr(), kv_ptr,
-                store_ptr, s, e, dim, padded, k, _FAMILIES[family], lo, hi, m,
+                store_ptr, own_ptr, s, e, dim, padded, k, _FAMILIES[family], lo, hi, 1.0, m,
             )  # fmt: skip
 
         run_parallel(run, range(len(shares)))

@@ -15,9 +15,10 @@ Design (docs/backend.md):
 The operator is composed of two objects it owns: a :class:`~.workspace.BlockWorkspace` (prepared inputs,
 buffers, the stored K, the row blocks of ``K(x1, x2)``) and a :class:`~.products.StreamingProducts` engine
 (the streamed products over those blocks, and the autograd function of ``fused_matmul``);
-:func:`~.autograd.bilinear_derivative` differentiates block by block. This module keeps construction, the
+:func:`~.autograd.bilinear_derivative` differentiates block by block, and :func:`~.residual.residual_matmul` gives a
+batch's residual and gradient from one formation of each block. This module keeps construction, the
 orientation and batch views, and linear_operator's API, mapping each onto the untransposed ``K(x1, x2)`` the
-other two describe. Imports run one way: this module -> products -> autograd -> workspace.
+other two describe. Imports run one way: this module -> residual -> products -> autograd -> workspace.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from torch import Tensor
 from ..kernels.formulas import KernelFormula, formula_for
 from .autograd import bilinear_derivative
 from .products import StreamingProducts
+from .residual import residual_matmul
 from .workspace import BlockWorkspace, cache_key
 
 if TYPE_CHECKING:
@@ -296,6 +298,38 @@ class KernelOperator(LinearOperator):
             tensors when autograd is on (without ``accumulate``).
         """
         return self._products.fused_matmul(v, w, accumulate=accumulate)
+
+    def residual_matmul(
+        self, v: Tensor, w: Tensor | None = None, *, own_columns: Tensor | None = None, transpose: bool = True
+    ) -> tuple[Tensor, Tensor | None]:
+        r"""``u = K v + w`` and ``K^\top u`` from one formation of each kernel block (a stochastic gradient step).
+
+        The two halves of :meth:`fused_matmul`, both returned: an SGD or EigenPro step on a batch ``X_b`` needs
+        the batch's residual ``g = K(X_b, Z) a - y_b`` and the gradient ``K(X_b, Z)^\top g`` (EigenPro 3,
+        eq. 28), and forming the block once for both halves the cost of the kernel evaluations, which dominate
+        the products. On a CPU with the native pass (RBF, Matern 3/2, 5/2) no block is in memory at all.
+
+        Parameters
+        ----------
+        v:
+            ``m x k`` (or ``m``) coefficients.
+        w:
+            Optional ``n x k`` (or ``n``) offset (e.g. ``-y_b``).
+        own_columns:
+            Optional ``n`` integers: the column of ``x2`` holding row ``i``'s own point (-1: none). That entry
+            is set to the exact ``k(x_i, x_i)``, as on the diagonal of ``K(X, X)`` (the distance GEMM's
+            cancellation leaves rounding there). ``K(X, X)`` itself gets its exact diagonal without it.
+        transpose:
+            False: ``u`` alone, with the same entries (``K v`` where ``K(X, X)`` needs its exact diagonal).
+
+        Returns
+        -------
+        tuple
+            ``u`` (``n x k``) and ``K^\top u`` (``m x k``, None without ``transpose``; summed over the ranks of
+            a row-sharded operator), with K = K(x1, x2) regardless of ``transposed``; vectors for vector input.
+            No autograd.
+        """
+        return residual_matmul(self._products, v, w, own_columns=own_columns, transpose=transpose)
 
     def transpose_matmul(self, u: Tensor, *, accumulate: torch.dtype | None = None) -> Tensor:
         """``K(x1, x2)^T u`` for ``u`` of shape ``n x k`` (or ``n``), optionally summed in a wider dtype.

@@ -339,6 +339,18 @@ class BlockWorkspace:
                 block = self.dense_rows(rows)
                 yield rows, (block if scale is None else block.div_(scale))
 
+    def own_entries(self) -> Tensor:
+        """The exact unscaled ``k(x_i, x_i)`` of every row of ``x1`` (``n``): 1 for the stationary families, else
+        the kernel's own value on the pair over the outputscale; what a row's entry in its own column is set to
+        (:meth:`~kgp.operators.products.StreamingProducts.residual_matmul`)."""
+        n = self.x1.shape[0]
+        if self.formula.is_stationary:
+            return torch.ones(n, dtype=self.x1.dtype, device=self.x1.device)
+        with torch.no_grad():
+            values = self.formula.pairs(self.x1, self.x1, self.hypers, self.kernel)
+            scale = self.scale()
+            return values if scale is None else values / scale
+
     def outputscale(self) -> Tensor | None:
         """The ScaleKernel factor that :meth:`blocks` leaves out (``None`` if unscaled)."""
         scale = self.scale()
