@@ -122,7 +122,7 @@ class EigenPro4Solver:
             capacity = min(period, -(-n // batch)) * batch  # temporaries between projections (epoch ends project)
             plan = plan_memory(s=s, q=pre.q, stored_subsample=not on_centers, capacity=capacity, batch=batch, **layout)
             logger.info(plan.describe())
-            state = DelayedState(kop, Z, pre, center_index, capacity, k, plan.chunk)
+            state = DelayedState(kop, Z, pre, center_index, capacity, k)
             proj = DelayedProjection(
                 kop, Z, opts["projection_subsample_size"], opts["projection_q"], opts["projection_epochs"], gen
             )

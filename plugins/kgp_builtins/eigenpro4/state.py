@@ -23,11 +23,14 @@ kernel evaluations the step does not need:
 
 Both are updated in closed form from the step's own products (``K(Z, X_b) g`` and ``K(X_s, X_b) g``
 come out of the block that gave the predictions) and from ``K(Z, X_s) E`` / ``K(X_s, X_s) E``, formed once.
+
+A step's predictions ``f(X_b)`` and its gradient ``K([Z; X_s; X_tmp], X_b) g`` come from one formation of
+``K(X_b, [Z; X_s; X_tmp])`` (:meth:`kgp.operators.KernelOperator.residual_matmul`: natively on a CPU, without
+the block in memory; otherwise in row blocks within ``kgp.settings.memory_budget``).
 """
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from kgp_builtins.eigenpro.nystrom import KernelOpFactory, NystromPreconditioner
@@ -53,8 +56,6 @@ class DelayedState:
         Most temporary centers held before a projection (T m).
     k:
         Number of outputs.
-    chunk:
-        Rows per kernel block of a step (within the memory budget).
     """
 
     def __init__(
@@ -65,12 +66,11 @@ class DelayedState:
         center_index: Tensor | None,
         capacity: int,
         k: int,
-        chunk: int,
     ):
         M, d = Z.shape[0], Z.shape[1]
         s = pre.points.shape[0]
         extra = 0 if center_index is not None else s
-        self.kop, self.pre, self.M, self.extra, self.chunk = kop, pre, M, extra, chunk
+        self.kop, self.pre, self.M, self.extra = kop, pre, M, extra
         self.center_index = center_index
         self.c = Z.new_zeros(s, k) if center_index is not None else None  # c, kept apart from a + c
         self.points = Z.new_empty(M + extra + capacity, d)
@@ -106,20 +106,22 @@ class DelayedState:
         - the subsample's coefficients ``c`` grow by ``eta Q_s r`` with
           ``r = F(X_s) = (1/m) K(X_s, X_b) g + (sigma^2/n) f(X_s)``.
         """
+        width = self.used
+        # g = f(X_b) - y_b and K([Z; X_s; X_tmp], X_b) g from one formation of the block; the temporaries'
+        # part of the gradient is not needed (their coefficients only shrink), and costs one multiply-add
+        # per entry next to the entry's evaluation
+        g, grad = self.kop(Xb, self.points[:width]).residual_matmul(self.coef[:width], yb.neg())
+        return self.apply_step(Xb, g, grad, eta, sigma2_n)
+
+    def apply_step(self, Xb: Tensor, g: Tensor, grad: Tensor, eta: float, sigma2_n: float) -> float:
+        """The update of :meth:`step` from its two products: the residual ``g = f(X_b) - y_b`` and
+        ``grad``, whose first ``M + e`` rows are ``K([Z; X_s], X_b) g`` (e = 0 when X_s is among the centers)."""
         m, M, extra = Xb.shape[0], self.M, self.extra
         width = self.used
-        pts, coef = self.points[:width], self.coef[:width]
-        g = torch.empty_like(yb)
-        grad = coef.new_zeros(M + extra, coef.shape[1])  # K([Z; X_s], X_b) g
-        for start in range(0, m, self.chunk):
-            rows = slice(start, min(m, start + self.chunk))
-            K = self.kop(Xb[rows], pts).to_dense()
-            gc = torch.addmm(yb[rows], K, coef, beta=-1.0)
-            g[rows] = gc
-            grad.addmm_(K[:, : M + extra].mT, gc)
+        coef = self.coef[:width]
         sq = float(g.pow(2).sum())
         gz = grad[:M]
-        u = grad[M:] if extra else gz[self.center_index]  # K(X_s, X_b) g
+        u = grad[M : M + extra] if extra else gz[self.center_index]  # K(X_s, X_b) g
         r = u.div(m)
         if sigma2_n:
             r.add_(self.f_s, alpha=sigma2_n)
@@ -151,6 +153,11 @@ class DelayedState:
         """Whether ``m`` more temporary centers fit the buffer."""
         return self.used + m <= self.points.shape[0]
 
+    def carry(self, v: Tensor) -> Tensor:
+        """The projection's residual ``h - K(Z, Z) v`` (``K(Z, Z)`` with its exact diagonal, streamed: natively on
+        a CPU, where ``K(Z, Z) @ v`` runs the blocked pass for a square operator)."""
+        return self.kop(self.Z, self.Z).residual_matmul(v.neg(), self.h, transpose=False)[0]
+
     def absorb(self, v: Tensor, carry: bool) -> None:
         """After a projection ``v ~ K(Z, Z)^{-1} h``: ``a += v``, the temporary part dropped, ``f(X_s)`` recomputed.
 
@@ -167,7 +174,7 @@ class DelayedState:
         self.coef[self.M :].zero_()
         self.used = self.M + self.extra
         if carry:
-            self.h.sub_(self.kop(self.Z, self.Z) @ v)
+            self.h = self.carry(v)
         else:
             self.h.zero_()
         self.f_s = self.kop(self.pre.points, self.Z) @ self.alpha
