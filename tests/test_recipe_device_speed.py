@@ -76,9 +76,9 @@ def test_a_pinned_rate_sizes_the_centers_up_to_the_memory_cap():
         "flops": 100 * REFERENCE_FLOPS,
         "source": "setting",
         "time_cap": 69_000,
-        "memory_cap": math.isqrt(2**40 // 40),
+        "memory_cap": math.isqrt(2**40 // 24),
     }
-    with kgp.settings.device_flops(100 * REFERENCE_FLOPS), kgp.settings.memory_budget(40 * 30_000**2):
+    with kgp.settings.device_flops(100 * REFERENCE_FLOPS), kgp.settings.memory_budget(24 * 30_000**2):
         assert resolve_plan(params, BIG).n_centers == 30_000  # the memory cap binds
     with kgp.settings.device_flops(1e9), kgp.settings.memory_budget(2**40):
         assert resolve_plan(params, BIG).n_centers == MAX_CENTERS  # a slow device keeps the default
@@ -114,7 +114,7 @@ def test_the_recipe_measures_only_where_the_time_cap_can_bind(no_probe):
 
     choice = recipe.choose(_request(measure_flops=measure))
     assert choice.n_centers == 18_000 and len(rates) == 1  # 2^(1/3) x 15,000 = 18,899
-    memory = math.isqrt(2**40 // 40)
+    memory = math.isqrt(2**40 // 24)
     assert choice.device == {
         "flops": 2 * REFERENCE_FLOPS,
         "source": "measured",
@@ -125,7 +125,7 @@ def test_the_recipe_measures_only_where_the_time_cap_can_bind(no_probe):
     # not where n or the memory cap is at most MAX_CENTERS, the exact solve, given centers, a distributed fit
     for request, source in [
         (_request(n=12_000, max_exact_size=10_000, measure_flops=_never), "not measured"),
-        (_request(budget=40 * 9_000**2, measure_flops=_never), "not measured"),
+        (_request(budget=24 * 9_000**2, measure_flops=_never), "not measured"),
         (_request(distributed=True, measure_flops=_never), "distributed"),
         (_request(measure_flops=lambda: None), "unavailable"),
         (_request(), "unavailable"),  # a request built without a way to measure

@@ -50,14 +50,14 @@ def test_the_rule_in_closed_form():
     assert exact_limit(_request(10, budget=8 * 10_000**2)) == 10_000
     assert exact_limit(_request(10, budget=4 * 10_000**2, dtype=torch.float32)) == 10_000
     assert exact_limit(_request(10, budget=2**40, max_exact=123)) == 123
-    # centers: five float64 M x M arrays in the budget, at most MAX_CENTERS, at most n, and never fewer
+    # centers: three float64 M x M arrays in the budget, at most MAX_CENTERS, at most n, and never fewer
     # as n grows (the variance's Gram is summed over at most GRAM_ROWS_PER_CENTER * M rows)
-    assert nystrom_centers(_request(60_000, budget=40 * 9_000**2)) == 9_000
+    assert nystrom_centers(_request(60_000, budget=24 * 9_000**2)) == 9_000
     assert nystrom_centers(_request(60_000, budget=2**40)) == MAX_CENTERS
     assert nystrom_centers(_request(5_000, budget=2**40)) == 5_000
     assert nystrom_centers(_request(219_000, budget=2**40)) == MAX_CENTERS
     assert nystrom_centers(_request(10**9, budget=2**40)) == MAX_CENTERS
-    budget = 40 * 11_000**2
+    budget = 24 * 11_000**2
     sizes = [nystrom_centers(_request(n, budget=budget)) for n in (10**4, 10**5, 10**6, 10**7, 10**8)]
     assert sizes == sorted(sizes) and sizes[-1] == 11_000
     recipe = kgp.registry.get_recipe("auto")
@@ -70,7 +70,7 @@ def test_the_rule_in_closed_form():
         "initial_noise_fraction": INITIAL_NOISE_FRACTION,
     }
     assert small.learn_options == adam  # n <= SUBSET: all rows
-    big = recipe.choose(_request(60_000, budget=40 * 12_000**2))
+    big = recipe.choose(_request(60_000, budget=24 * 12_000**2))
     assert big.solver == "falkon" and big.n_centers == 12_000
     refine = {"refine_subset": REFINE_SUBSET, "refine_iterations": REFINE_EVALUATIONS}
     assert big.learn_options == {**adam, "subset": SUBSET, **refine}
@@ -99,7 +99,7 @@ def test_solver_auto_is_the_exact_solve_on_small_data_and_says_why():
 
 
 def test_solver_auto_moves_to_falkon_above_the_exact_limit():
-    with kgp.settings.max_exact_size(200), kgp.settings.memory_budget(40 * 150**2):
+    with kgp.settings.max_exact_size(200), kgp.settings.memory_budget(24 * 150**2):
         model = kgp.KernelRegressor("rbf", lengthscale=0.9, noise=0.05, random_state=0).fit(X, Y)
     assert model.solver_name_ == "falkon" and model.recipe_["n_centers"] == 150 == model.centers_.shape[0]
     assert "n = 300 > 200" in model.recipe_["reasons"]["solver"]
@@ -144,8 +144,8 @@ def test_a_recipe_that_answers_badly_is_named(monkeypatch):
 
 
 def test_the_memory_rule_follows_the_setting():
-    budget = 40 * 20_000**2
-    assert nystrom_centers(_request(60_000, budget=budget)) == min(MAX_CENTERS, math.isqrt(budget // 40))
+    budget = 24 * 20_000**2
+    assert nystrom_centers(_request(60_000, budget=budget)) == min(MAX_CENTERS, math.isqrt(budget // 24))
 
 
 def test_learn_auto_starts_the_noise_at_a_fraction_of_the_targets_variance_and_the_user_can_override():

@@ -17,8 +17,10 @@ with n (the same device FALKON's preconditioner uses with the centers themselves
 2017, Sec. 3). Only the last term of ``var f`` depends on it; ``k(x, x) - Q(x, x)`` stays exact. On a
 draw from an ARD RBF prior (d = 8, 200,000 rows, sigma^2 = 0.01) the predictive std with noise moved by
 at most 0.26% (M = 4,000, m = 10 M) and 0.39% (m = 5 M) against the full Gram, whose pass took 3-5x as
-long (docs/benchmarks/large-data.md). A distributed fit draws the same global row numbers; each rank sums
-the ones it holds, and the all-reduced Gram is the one process's (up to the order of the sums).
+long; for a learned GP with M = 11,241 on 1e6 rows, m = 4 M left NLPD and coverage unchanged to 3-4 digits
+(:data:`GRAM_ROWS_PER_CENTER`; docs/benchmarks/large-data.md). A distributed fit draws the same global row
+numbers; each rank sums the ones it holds, and the all-reduced Gram is the one process's (up to the order of
+the sums).
 
 The factors of a float32 model are built and used in float64 (the inputs and the kernel are cast, the
 result rounded back): the variance is the difference of two nearly equal quadratic forms, which float32
@@ -61,12 +63,17 @@ __all__ = [
     "nystrom_factors",
 ]
 
-GRAM_ROWS_PER_CENTER = 8
-"""Training rows per center above which ``K_Mn K_nM`` is estimated from a subset (module docstring)."""
-GRAM_MIN_ROWS = 100_000
-"""Below this many rows the Gram is always summed over all of them: its pass costs at most 1e5 M^2 flops
-(seconds at M = 1,000, about 2 minutes at M = 11,000 on a 2-core CPU), and the std is then the exact DTC
-one of every data set up to this size."""
+GRAM_ROWS_PER_CENTER = 4
+"""Training rows per center above which ``K_Mn K_nM`` is estimated from a subset (module docstring).
+
+Learned GPs at M = 11,241 (FALKON, the default recipe), the factors rebuilt from m uniform rows against the
+default's 100,000 (docs/benchmarks/large-data.md, "How many rows the variance's Gram needs"): on the 1e6-row
+synthetic set, m = 4 M moved the predictive std by 0.05% (median) and 0.85% (max) and left NLPD and coverage
+at -0.4249 / 0.9638 against -0.4250 / 0.9637, in half the Gram pass's time; m = 2 M moved it by up to 4%
+(NLPD -0.4245), m = M by up to 27% (NLPD -0.4172)."""
+GRAM_MIN_ROWS = 20_000
+"""Below this many rows the Gram is always summed over all of them: for few centers (M < 5,000) the floor
+keeps the subset from getting small, at a pass of at most 2e4 M^2 multiply-adds (seconds at M = 5,000)."""
 
 
 def gram_subset(n: int, n_centers: int) -> tuple[Tensor | None, float]:

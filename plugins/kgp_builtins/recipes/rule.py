@@ -33,17 +33,17 @@ elevators  0.5472, RMSE 0.3630     0.5513, RMSE 0.3633     0.139 -> 0.139
 Solving (``solver="auto"``): the exact solve while the dense ``n x n`` matrix fits the memory budget
 and ``kgp.settings.max_exact_size``; above, FALKON on uniform centers, as many as the budget holds
 (:func:`nystrom_centers`), up to a time cap, whatever n is: more rows never buy fewer centers. The
-variance a learned GP builds at fit sums ``K_Mn K_nM`` over at most ``max(8 M, 100,000)`` rows
+variance a learned GP builds at fit sums ``K_Mn K_nM`` over at most ``max(4 M, 20,000)`` rows
 (:mod:`kgp.variance.nystrom`: a uniform subset, scaled, above that), so its cost is bounded by
-``max(8 M, 1e5) M^2`` flops; summed over all rows it would cost ``n M^2``, and a time budget would then allow only
+``max(4 M, 2e4) M^2`` flops; summed over all rows it would cost ``n M^2``, and a time budget would then allow only
 ``M ~ n^(-1/2)`` centers (3,872 at 1e6 rows, 1,224 at 1e7 for 1.5e13 flops). What grows with n is
 FALKON's ``n M`` per iteration (docs/benchmarks/large-data.md has the measured table).
 
 The time cap (:func:`time_cap`) is set by the device's float64 GEMM rate. ``MAX_CENTERS`` = 15,000 was
 measured on a 2-core CPU at ``REFERENCE_FLOPS`` (106 GFLOP/s); a GPU does the same work about 100x
 faster. The setup that does not grow with n (:func:`setup_flops`) is five ``M^3 / 3`` factor steps
-(three of FALKON's preconditioner, two of the variance) and the Gram, ``2 max(8 M, 1e5) M^2``: above
-M = 12,500 every term is a multiple of ``M^3``, so the M whose setup takes a fixed time
+(three of FALKON's preconditioner, two of the variance) and the Gram, ``2 max(4 M, 2e4) M^2``: above
+M = 5,000 every term is a multiple of ``M^3``, so the M whose setup takes a fixed time
 (``SETUP_SECONDS``: what 15,000 centers take at the reference rate) grows as the cube root of the rate:
 15,000 x 100^(1/3) = 69,624 at 100x the rate, 69,000 in whole thousands, then the memory cap applies.
 The cap never falls below ``MAX_CENTERS``: a CPU slower than the reference, or one that other processes
@@ -104,9 +104,10 @@ REFERENCE_FLOPS = 106e9
 _FACTOR_FLOPS = 5 / 3
 # the time cap is rounded down to whole thousands of centers
 CAP_STEP = 1_000
-# M x M arrays alive at once in a FALKON fit with its Nystrom variance, float64: K_MM, the two
-# preconditioner factors, the variance's two factors and one for the Gram sum
-_SQUARE_ARRAYS = 5
+# float64 M x M arrays alive at once in a FALKON fit with its Nystrom variance: FALKON's K_MM and two
+# triangular factors at its peak (measured 2.4 at M = 3,000); the variance, built after the solve, holds two
+# (the Gram and K_MM, each factored over itself; measured 2.2, tests/test_memory_estimate.py)
+_SQUARE_ARRAYS = 3
 _FACTOR_BYTES = 8  # the preconditioner and the variance factors are float64 whatever the input dtype
 
 
