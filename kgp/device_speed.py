@@ -1,7 +1,7 @@
 """The float64 matrix-product rate of a device, measured once per process.
 
 ``solver="auto"`` sizes FALKON's centers by the time their ``M^3`` setup takes, and that time is set by
-the device's float64 GEMM rate: a GPU runs it about 100x faster than the 2-core CPU the recipe's cap of 15,000
+the device's float64 GEMM rate: a GPU runs it about 100x faster than the 2-core CPU the recipe's cap of 11,241
 centers was measured on (``kgp_builtins.recipes.rule``). :func:`measured_flops` times a few products of
 square float64 matrices on the device and keeps the best rate, for the rest of the process, per device
 (and per CPU thread count, which sets a CPU's rate). :data:`kgp.settings.device_flops` pins a rate

@@ -398,5 +398,5 @@ device_flops = _Setting(
 and device (:mod:`kgp.device_speed`: a few float64 products of 1,024 x 1,024 matrices on a CPU, well
 under a second). A number (e.g. ``1e11``) is used as it is, for every device, and nothing is measured:
 the same data then get the same number of centers on every host, whatever its load. The rate only
-raises the recipe's cap of 15,000 centers on a device faster than the 2-core CPU it was measured on
+raises the recipe's cap of 11,241 centers on a device faster than the 2-core CPU it was measured on
 (``kgp_builtins.recipes.rule``); ``recipe_["device"]`` reports the rate used and where it came from."""

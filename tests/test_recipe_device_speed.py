@@ -61,21 +61,21 @@ def test_the_time_cap_grows_as_the_cube_root_of_the_rate_from_a_floor_of_max_cen
     assert time_cap(REFERENCE_FLOPS) == MAX_CENTERS  # the measured default on the reference CPU
     assert time_cap(None) == time_cap(1e6) == time_cap(REFERENCE_FLOPS / 3) == MAX_CENTERS  # slow: the floor
     fast = time_cap(100 * REFERENCE_FLOPS)
-    assert fast == 69_000  # 15,000 x 100^(1/3) = 69,624, whole thousands
+    assert fast == 52_000  # 11,241 x 100^(1/3) = 52,176, whole thousands
     assert setup_flops(fast) <= 100 * REFERENCE_FLOPS * SETUP_SECONDS < setup_flops(fast + 1_000)
     caps = [time_cap(f * REFERENCE_FLOPS) for f in (1, 2, 8, 100, 1_000)]
-    assert caps == sorted(caps) and caps[2] == 30_000  # 8x the rate: twice the centers
+    assert caps == sorted(caps) and caps[2] == 22_000  # 8x the rate: twice the centers
 
 
 def test_a_pinned_rate_sizes_the_centers_up_to_the_memory_cap():
     params = kgp.KernelRegressor("rbf").get_params()
     with kgp.settings.device_flops(100 * REFERENCE_FLOPS), kgp.settings.memory_budget(2**40):
         plan = resolve_plan(params, BIG)
-    assert plan.solver.name == "falkon" and plan.n_centers == 69_000
+    assert plan.solver.name == "falkon" and plan.n_centers == 52_000
     assert plan.recipe.device == {
         "flops": 100 * REFERENCE_FLOPS,
         "source": "setting",
-        "time_cap": 69_000,
+        "time_cap": 52_000,
         "memory_cap": math.isqrt(2**40 // 24),
     }
     with kgp.settings.device_flops(100 * REFERENCE_FLOPS), kgp.settings.memory_budget(24 * 30_000**2):
@@ -113,18 +113,18 @@ def test_the_recipe_measures_only_where_the_time_cap_can_bind(no_probe):
         return rates[-1]
 
     choice = recipe.choose(_request(measure_flops=measure))
-    assert choice.n_centers == 18_000 and len(rates) == 1  # 2^(1/3) x 15,000 = 18,899
+    assert choice.n_centers == 14_000 and len(rates) == 1  # 2^(1/3) x 11,241 = 14,163
     memory = math.isqrt(2**40 // 24)
     assert choice.device == {
         "flops": 2 * REFERENCE_FLOPS,
         "source": "measured",
-        "time_cap": 18_000,
+        "time_cap": 14_000,
         "memory_cap": memory,
     }
     assert "measured 2.12e+11 float64 flop/s" in choice.reasons["n_centers"]
     # not where n or the memory cap is at most MAX_CENTERS, the exact solve, given centers, a distributed fit
     for request, source in [
-        (_request(n=12_000, max_exact_size=10_000, measure_flops=_never), "not measured"),
+        (_request(n=11_000, max_exact_size=10_000, measure_flops=_never), "not measured"),
         (_request(budget=24 * 9_000**2, measure_flops=_never), "not measured"),
         (_request(distributed=True, measure_flops=_never), "distributed"),
         (_request(measure_flops=lambda: None), "unavailable"),
@@ -136,7 +136,7 @@ def test_the_recipe_measures_only_where_the_time_cap_can_bind(no_probe):
     assert recipe.choose(_request(n=5_000, measure_flops=_never)).device is None  # exact
     assert recipe.choose(_request(uses_centers_explicitly=True, measure_flops=_never)).device is None
     pinned = center_caps(_request(device_flops=8 * REFERENCE_FLOPS, measure_flops=_never))
-    assert (pinned.n_centers, pinned.source) == (30_000, "setting")
+    assert (pinned.n_centers, pinned.source) == (22_000, "setting")
 
 
 def test_fits_without_a_time_cap_to_decide_never_run_the_probe(no_probe):

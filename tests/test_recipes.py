@@ -70,8 +70,8 @@ def test_the_rule_in_closed_form():
         "initial_noise_fraction": INITIAL_NOISE_FRACTION,
     }
     assert small.learn_options == adam  # n <= SUBSET: all rows
-    big = recipe.choose(_request(60_000, budget=24 * 12_000**2))
-    assert big.solver == "falkon" and big.n_centers == 12_000
+    big = recipe.choose(_request(60_000, budget=24 * 10_000**2))
+    assert big.solver == "falkon" and big.n_centers == 10_000
     refine = {"refine_subset": REFINE_SUBSET, "refine_iterations": REFINE_EVALUATIONS}
     assert big.learn_options == {**adam, "subset": SUBSET, **refine}
     assert f"{REFINE_EVALUATIONS} L-BFGS evaluations on {REFINE_SUBSET:,} rows" in big.reasons["learn"]

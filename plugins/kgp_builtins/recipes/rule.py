@@ -39,13 +39,18 @@ variance a learned GP builds at fit sums ``K_Mn K_nM`` over at most ``max(4 M, 2
 ``M ~ n^(-1/2)`` centers (3,872 at 1e6 rows, 1,224 at 1e7 for 1.5e13 flops). What grows with n is
 FALKON's ``n M`` per iteration (docs/benchmarks/large-data.md has the measured table).
 
-The time cap (:func:`time_cap`) is set by the device's float64 GEMM rate. ``MAX_CENTERS`` = 15,000 was
-measured on a 2-core CPU at ``REFERENCE_FLOPS`` (106 GFLOP/s); a GPU does the same work about 100x
-faster. The setup that does not grow with n (:func:`setup_flops`) is five ``M^3 / 3`` factor steps
-(three of FALKON's preconditioner, two of the variance) and the Gram, ``2 max(4 M, 2e4) M^2``: above
+The time cap (:func:`time_cap`) is set by the device's float64 GEMM rate. ``MAX_CENTERS`` = 11,241 is the
+M of the measured default table (docs/benchmarks/gp-default.md: kin40k, protein, keggdirected; airline), on a
+2-core CPU at ``REFERENCE_FLOPS`` (106 GFLOP/s), whose times are the targets the default is held to: with
+the memory cap counting the three ``M x M`` arrays a fit holds, the budget of a 24 GB host allows 14,513,
+and those fits took 1.5-2x as long (kin40k 296 s, protein 383 s, keggdirected 391 s against 193-230 s on
+the same host; airline 444 s against 215 s) for a test RMSE 3.7%, 1.4%, 0.2% and 0.01% lower
+(docs/benchmarks/large-data.md, "Three M x M arrays"). A GPU does the same work about 100x faster. The
+setup that does not grow with n (:func:`setup_flops`) is five ``M^3 / 3`` factor steps (three of FALKON's
+preconditioner, two of the variance) and the Gram, ``2 max(4 M, 2e4) M^2``: above
 M = 5,000 every term is a multiple of ``M^3``, so the M whose setup takes a fixed time
-(``SETUP_SECONDS``: what 15,000 centers take at the reference rate) grows as the cube root of the rate:
-15,000 x 100^(1/3) = 69,624 at 100x the rate, 69,000 in whole thousands, then the memory cap applies.
+(``SETUP_SECONDS``: what 11,241 centers take at the reference rate) grows as the cube root of the rate:
+11,241 x 100^(1/3) = 52,176 at 100x the rate, 52,000 in whole thousands, then the memory cap applies.
 The cap never falls below ``MAX_CENTERS``: a CPU slower than the reference, or one that other processes
 load while it is measured, keeps the measured default, so that fits on such hosts choose the same M from
 run to run, and the measurement (:func:`kgp.device_speed.measured_flops`, once per process and device)
@@ -94,7 +99,7 @@ REFINE_EVALUATIONS = 15
 # n x n float64 arrays an 'exact' evaluation holds at once (K, its factor, the inverse and its triangular
 # factor, the gradient): the refine subset is capped so that they fit the memory budget
 _EXACT_ARRAYS = 5
-MAX_CENTERS = 15_000
+MAX_CENTERS = 11_241
 MIN_CENTERS = 100
 # float64 GEMM rate of the 2-core CPU that MAX_CENTERS was measured on (flop/s): the time cap is MAX_CENTERS
 # there, and grows as the cube root of a faster device's rate (module docstring)
