@@ -88,9 +88,12 @@ def test_psd_cholesky_in_place_restores_the_matrix_between_jitters(dtype):
     off = L.double() @ L.double().T - P.double()
     off.diagonal().zero_()
     assert float(off.abs().max()) < 50 * eps * scale
-    # ... the same jitter as psd_cholesky's, a power of ten times eps * mean(diag)
+    # ... from psd_cholesky's ladder (eps * mean(diag) growing tenfold): the same rung, or the next one on
+    # either side where rounding decides whether a borderline jitter suffices (the in-place factor reads the
+    # upper triangle, psd_cholesky the lower; MKL's code path and thread count move that decision)
     assert float(added.mean()) > eps * scale / 2
-    torch.testing.assert_close(added.mean(), expected.mean(), rtol=0.1, atol=50 * eps * scale)
+    ratio = float(added.mean() / expected.mean())
+    assert 1 / 15 < ratio < 15, ratio
 
 
 def test_psd_cholesky_in_place_errors_name_the_matrix():
