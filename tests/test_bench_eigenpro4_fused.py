@@ -3,29 +3,22 @@ solver left as it was."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from benchmark_scripts import benchmark_module
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "benchmarks" / "bench_eigenpro4_fused.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
     if subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True).returncode != 0:
         pytest.skip("the benchmark reads the 'before' solver from git: not a git checkout")
-    spec = importlib.util.spec_from_file_location("bench_eigenpro4_fused", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    try:
-        spec.loader.exec_module(module)
+    with benchmark_module("bench_eigenpro4_fused") as module:
         yield module
-    finally:
-        sys.modules.pop(spec.name, None)
 
 
 def test_paired_fits_meter_their_parts_and_leave_the_solver_as_it_was(bench, capsys):

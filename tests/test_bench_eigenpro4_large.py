@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from benchmark_scripts import benchmark_module
 
 from kgp.datasets import PriorDraw
 
@@ -17,14 +17,8 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_eigenpro4_l
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_eigenpro4_large", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    try:
-        spec.loader.exec_module(module)
+    with benchmark_module("bench_eigenpro4_large") as module:
         yield module
-    finally:
-        sys.modules.pop(spec.name, None)
 
 
 def test_cached_rows_are_the_first_rows_of_the_smallest_set_that_holds_them(bench, tmp_path):

@@ -2,31 +2,21 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from benchmark_scripts import benchmark_module
 
 from kgp.datasets import PriorDraw
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_large.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_large", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    try:
-        spec.loader.exec_module(module)
+    with benchmark_module("bench_large") as module:
         yield module
-    finally:
-        sys.modules.pop(spec.name, None)
 
 
 def test_cached_data_are_the_generator_rows_read_from_disk(bench, tmp_path):

@@ -10,21 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_roofline.py"
+from benchmark_scripts import benchmark_module
 
 
 @pytest.fixture(scope="module")
 def roofline():
-    spec = importlib.util.spec_from_file_location("bench_roofline", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    # registered before it runs: dataclasses look their module up in sys.modules
-    sys.modules[spec.name] = module
-    try:
-        spec.loader.exec_module(module)
+    with benchmark_module("bench_roofline") as module:
         yield module
-    finally:
-        sys.modules.pop(spec.name, None)
 
 
 def test_quick_run_has_every_operation(roofline, tmp_path, capsys):
