@@ -40,11 +40,9 @@ variance a learned GP builds at fit sums ``K_Mn K_nM`` over at most ``max(4 M, 2
 FALKON's ``n M`` per iteration (docs/benchmarks/large-data.md has the measured table).
 
 The time cap (:func:`time_cap`) is set by the device's float64 GEMM rate. ``MAX_CENTERS`` = 11,241 is the
-M of the measured default table (docs/benchmarks/gp-default.md: kin40k, protein, keggdirected; airline), on a
-2-core CPU at ``REFERENCE_FLOPS`` (106 GFLOP/s), whose times are the targets the default is held to: with
-the memory cap counting the three ``M x M`` arrays a fit holds, the budget of a 24 GB host allows 14,513,
-and those fits took 1.5-2x as long (kin40k 296 s, protein 383 s, keggdirected 391 s against 193-230 s on
-the same host; airline 444 s against 215 s) for a test RMSE 3.7%, 1.4%, 0.2% and 0.01% lower
+M of the measured default table (docs/benchmarks/gp-default.md), on a 2-core CPU at ``REFERENCE_FLOPS``
+(106 GFLOP/s), whose times are the targets the default is held to: the memory cap of a 24 GB host would
+allow more centers, which cost 1.5-2x the time there for a test RMSE at most a few percent lower
 (docs/benchmarks/large-data.md, "Three M x M arrays"). A GPU does the same work about 100x faster. The
 setup that does not grow with n (:func:`setup_flops`) is five ``M^3 / 3`` factor steps (three of FALKON's
 preconditioner, two of the variance) and the Gram, ``2 max(4 M, 2e4) M^2``: above
