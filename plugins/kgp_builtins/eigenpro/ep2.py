@@ -20,7 +20,7 @@ import kgp
 from kgp.options import Option
 from kgp.plugin import KernelExpansion, Problem
 
-from .budget import block_rows, check_center_sizes, kernel_diagonal
+from .budget import block_rows, check_center_sizes
 from .iterates import EpochLog, TailAverage, checked_targets
 from .nystrom import (
     KernelOpFactory,
@@ -47,23 +47,7 @@ class EP2State:
     lr_scale: float
     beta: float
     top_eigenvalue: float
-    diag: Tensor  # exact k(p, p) of every point
     pos_in_s: Tensor  # position of each point in the Nystrom subsample, -1 outside it
-
-
-def _block(kop: KernelOpFactory, st: EP2State, rows: Tensor, cols_points: Tensor, col_pos: Tensor | None) -> Tensor:
-    """``K(P_rows, cols) + shift delta`` as a dense block, with the exact ``k(x, x)`` where a row meets its own column.
-
-    ``col_pos[r]`` is the column of row r's own point (-1: none). The cross-block evaluation
-    (||x||^2 + ||z||^2 - 2 x.z) loses ``k(x, x)`` at extreme input scales (|x| / lengthscale ~ 1e30
-    gave 0 instead of 1, and predictions ~1e5 for |y| <= 3): the exact diagonal replaces it.
-    """
-    K = kop(st.points[rows], cols_points).to_dense()
-    if col_pos is not None:
-        r = (col_pos >= 0).nonzero(as_tuple=True)[0]
-        if r.numel():
-            K[r, col_pos[r]] = st.diag[rows[r]] + st.shift
-    return K
 
 
 def ep2_epoch(
@@ -76,27 +60,36 @@ def ep2_epoch(
 ) -> float:
     r"""One epoch of EigenPro 2.0 on ``(K(P, P) + shift I) theta = targets``; updates ``theta`` in place.
 
-    Per batch b: ``g = K_shift(P_b, P) theta - t_b``; ``theta_b -= (eta_m/m) g``;
-    ``theta_S += (eta_m/m) Q_s K_shift(P_S, P_b) g`` (Lemma 5 with X_m = P_b: the preconditioned
-    gradient ``K(., P_b) g - K(., P_S) Q_s K(P_S, P_b) g`` lies in span K(., P), so no projection).
-    Returns the running mean of ``g^2`` (training MSE seen during the epoch).
+    Per batch b: ``g = K'(P_b, P) theta - t_b``; ``theta_b -= (eta_m/m) g``;
+    ``theta_S += (eta_m/m) Q_s K'(P_S, P_b) g`` with ``K' = K + shift delta`` (Lemma 5 with X_m = P_b: the
+    preconditioned gradient ``K(., P_b) g - K(., P_S) Q_s K(P_S, P_b) g`` lies in span K(., P), so no
+    projection). Returns the running mean of ``g^2`` (training MSE seen during the epoch).
+
+    Both products come from one formation of ``K(P_b, P)``
+    (:meth:`kgp.operators.KernelOperator.residual_matmul`: natively on a CPU, with no block in memory;
+    otherwise in row blocks within ``kgp.settings.memory_budget``): ``K(P_S, P_b) g`` is the subsample's rows
+    of ``K(P_b, P)^T g``, so each kernel entry is evaluated once per epoch. Where a row meets its own
+    column the exact ``k(p, p)`` is used: the cross-block evaluation (||x||^2 + ||z||^2 - 2 x.z) loses it at
+    extreme input scales (|x| / lengthscale ~ 1e30 gave 0 instead of 1, and predictions ~1e5 for |y| <= 3).
     """
     N = st.points.shape[0]
     perm = torch.randperm(N, generator=generator).to(st.points.device)
-    # rows of K(P_b, P) and K(P_b, P_S) per dense block, within kgp.settings.memory_budget
-    chunk = block_rows(max(N, st.pre.points.shape[0]), st.points.device)
+    correct = st.pre.q > 0
     total = 0.0
     for start in range(0, N, st.batch):
         b = perm[start : start + st.batch]
-        mb = b.shape[0]
-        g = torch.cat([_block(kop, st, c, st.points, c) @ theta for c in b.split(chunk)]) - targets[b]
+        offset = -targets[b]
+        if st.shift:  # the shift sits on the row's own entry: K'(P_b, P) theta = K(P_b, P) theta + shift theta_b
+            offset.add_(theta[b], alpha=st.shift)
+        g, kt = kop(st.points[b], st.points).residual_matmul(theta, offset, own_columns=b, transpose=correct)
         total += float(g.pow(2).sum())
-        lr = st.lr_scale * st.step(mb) / mb
-        if st.pre.q > 0:
-            ks = sum(
-                _block(kop, st, c, st.pre.points, st.pos_in_s[c]).T @ gc
-                for c, gc in zip(b.split(chunk), g.split(chunk), strict=True)
-            )
+        lr = st.lr_scale * st.step(b.shape[0]) / b.shape[0]
+        if correct:
+            ks = kt[st.pre.idx]
+            if st.shift:  # ... and on K'(P_S, P_b)'s entries where a batch row is a subsample point
+                pos = st.pos_in_s[b]
+                inside = (pos >= 0).nonzero(as_tuple=True)[0]
+                ks.index_add_(0, pos[inside], g[inside], alpha=st.shift)
             theta.index_add_(0, st.pre.idx, st.pre.apply(ks), alpha=lr)
         theta[b] -= lr * g
         if after_step is not None:
@@ -121,7 +114,6 @@ def ep2_setup(
     pre, Khs, Khh = nystrom_preconditioner(kop, points, idx_s, idx_h, exact, q, shift, white_noise=True)
     pos_in_s = torch.full((N,), -1, dtype=torch.long, device=points.device)
     pos_in_s[idx_s] = torch.arange(idx_s.shape[0], device=points.device)
-    diag = kernel_diagonal(kop, points)
     # The map restricted to H: K'(H, H) - K'(H, S) Q_s K'(S, H) with K' = K + shift delta (both from
     # nystrom_preconditioner, shift included).
     M = Khh - Khs @ pre.apply(Khs.T) if pre.q > 0 else Khh
@@ -136,7 +128,6 @@ def ep2_setup(
         lr_scale=lr_scale,
         beta=beta,
         top_eigenvalue=lam_top,
-        diag=diag,
         pos_in_s=pos_in_s,
     )
 
