@@ -12,8 +12,9 @@ alternating ``--repeats`` times on the same data, centers and seed. For each fit
 CPU seconds and kernel entries of its parts:
 
 - steps (``DelayedState.step``): ``m (M + e + temporaries)`` entries per step;
-- projections (``DelayedProjection.solve``): ``M^2`` per inner epoch;
-- absorb (``DelayedState.absorb``): the carried residual's ``K(Z, Z) v`` and ``f(X_s)``, ``M^2 + s M``;
+- projections (``DelayedProjection.solve``): ``M^2`` per inner epoch (none for the exact solve);
+- absorb (``DelayedState.absorb`` and ``DelayedProjection.residual``): the carried residual's ``K(Z, Z) v``
+  (``M^2``, none after the exact solve) and ``f(X_s)`` (``s M`` where it is formed, not kept);
 - the rest (setup: preconditioners and curvature estimates).
 
 Entries are the algorithm's (the same count for both commits), so entries per CPU second compare the two
@@ -105,12 +106,36 @@ class Meter:
         self.patched = []
 
 
+def _solve_entries(pr: Any, h: torch.Tensor) -> int:
+    """Kernel entries of one projection: ``epochs M^2`` for the inner epochs, none for the exact solve."""
+    inner = getattr(pr, "inner", None)
+    return 0 if inner is None else inner.epochs * inner.Z.shape[0] ** 2
+
+
+def _absorb_entries(st: Any, v: torch.Tensor, carry: Any) -> int:
+    """Kernel entries of one ``absorb``. Solvers whose ``absorb`` takes ``carry: bool`` form the residual's
+    ``K(Z, Z) v`` there (``M^2``) and ``f(X_s)`` (``s M``); those that take the residual itself (formed by
+    ``DelayedProjection.residual``, metered apart) form ``f(X_s)`` only where it is not kept (``f_z``)."""
+    s = st.pre.points.shape[0]
+    if isinstance(carry, bool):
+        return st.M * (st.M * carry + s)
+    kept = getattr(st, "f_z", None) is not None and carry is not None
+    return 0 if kept else st.M * s
+
+
+def _residual_entries(pr: Any, v: torch.Tensor, h: torch.Tensor) -> int:
+    """Kernel entries of ``DelayedProjection.residual``: ``M^2`` after the inner epochs, none after the exact one."""
+    return 0 if getattr(pr, "inner", None) is None else pr.Z.shape[0] ** 2
+
+
 def instrument(package: Any, meter: Meter) -> None:
     """Wrap ``package``'s step, projection and absorb with ``meter`` (entries as the module docstring counts them)."""
     state, projection = package.state.DelayedState, package.projection.DelayedProjection
     meter.wrap(state, "step", "steps", lambda st, Xb, *a: Xb.shape[0] * st.used)
-    meter.wrap(projection, "solve", "projections", lambda pr, h: pr.inner.epochs * pr.inner.Z.shape[0] ** 2)
-    meter.wrap(state, "absorb", "absorb", lambda st, v, carry: st.M * (st.M * carry + st.pre.points.shape[0]))
+    meter.wrap(projection, "solve", "projections", _solve_entries)
+    meter.wrap(state, "absorb", "absorb", _absorb_entries)
+    if hasattr(projection, "residual"):
+        meter.wrap(projection, "residual", "absorb", _residual_entries)
 
 
 def falkon_pass(X: torch.Tensor, Z: torch.Tensor, repeats: int = 2) -> float:

@@ -69,26 +69,27 @@ def _rel(a, b):
 
 
 # ----------------------------------------------------------------------------- fixed points
+@pytest.mark.parametrize("projection", ["eigenpro2", "cholesky"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_interpolable_targets_reach_the_centers_coefficients_with_delayed_projections(dtype):
-    """y = K_XZ a*: every batch's residual vanishes at a*, so SGD with T > 1 delayed projections and a
-    preconditioner (q > 0) converges to a* itself, to the dtype's precision."""
+def test_interpolable_targets_reach_the_centers_coefficients_with_delayed_projections(dtype, projection):
+    """y = K_XZ a*: every batch's residual vanishes at a*, so SGD with T > 1 delayed projections (inexact or
+    exact) and a preconditioner (q > 0) converges to a* itself, to the dtype's precision."""
     X, Z, _ = _problem(dtype=dtype)
     k = _kernel(dtype=dtype)
     a_star = torch.randn(Z.shape[0], 1, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     y = (_dense(k, X, Z) @ a_star).to(dtype)
-    model = _fit(
-        X, y, Z, k, regularization="none", batch_size=40, projection_period=3, q=10, epochs=150, average_epochs=0
-    )
+    opts = {"batch_size": 40, "projection_period": 3, "q": 10, "projection": projection}
+    model = _fit(X, y, Z, k, regularization="none", epochs=150, average_epochs=0, **opts)
     extras = model.history_[-1].extras
-    assert extras["projection_period"] == 3 and extras["q"] > 0
+    assert extras["projection_period"] == 3 and extras["q"] > 0 and extras["projection"] == projection
     assert model.predictor_.alpha.dtype == dtype
-    # measured: 3e-13 (float64), 2e-4 (float32: K_ZZ's conditioning times eps32)
+    # measured with either projection: 3e-16 (float64), 1e-7 (float32)
     assert _rel(model.predictor_.alpha, a_star) < (1e-8 if dtype == torch.float64 else 5e-3)
 
 
+@pytest.mark.parametrize("projection", ["eigenpro2", "cholesky"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_full_batch_projection_every_step_converges_to_nystrom_ridge(dtype):
+def test_full_batch_projection_every_step_converges_to_nystrom_ridge(dtype, projection):
     """Batch = n, T = 1: projected preconditioned gradient descent. With the preconditioner's subsample drawn
     from the centers it commutes with the projection, so its fixed point is the Nystrom ridge solution
     (proj_Z grad = 0 are its normal equations): the distance to the Cholesky solve falls geometrically."""
@@ -97,7 +98,9 @@ def test_full_batch_projection_every_step_converges_to_nystrom_ridge(dtype):
     expected, Kxz = _nystrom_cholesky(k, X, Z, y, 0.05)
     errors = []
     for epochs in (100, 300):
-        model = _fit(X, y, Z, k, batch_size=200, projection_period=1, epochs=epochs, average_epochs=0)
+        model = _fit(
+            X, y, Z, k, batch_size=200, projection_period=1, epochs=epochs, average_epochs=0, projection=projection
+        )
         errors.append(_rel(Kxz @ model.predictor_.alpha.double(), Kxz @ expected))
     # measured (both dtypes): 0.0245 after 100 steps, 0.0012 after 300 (rate ~0.985 per step, set by the
     # whole-RKHS curvature that bounds EigenPro 4's step)
@@ -128,27 +131,106 @@ def test_minibatch_default_options_close_to_nystrom_ridge(dtype):
     model = _fit(X, y, Z, k, epochs=30)
     assert model.history_[-1].extras["projection_period"] > 1  # delayed: several steps per projection
     err = _rel(Kxz @ model.predictor_.alpha.double(), Kxz @ expected)
-    # measured: 0.0085 in both dtypes (10 epochs: 0.021; T = 1: 0.0071)
+    # measured: 0.0097 in both dtypes with the default (exact) projection; 0.0085 with projection="eigenpro2"
+    # (10 epochs: 0.021; T = 1: 0.0071)
     assert err < 0.015, err
 
 
 # ----------------------------------------------------------------------------- against the dense computation
 class _DenseState(DelayedState):
-    """The step and the carried residual from dense kernel blocks, each multiplied twice (the oracle of the
-    one-formation products)."""
+    """The step from dense kernel blocks, each multiplied twice (the oracle of the one-formation products)."""
 
     def step(self, Xb, yb, eta, sigma2_n):
         K = self.kop(Xb, self.points[: self.used]).to_dense()
         g = K @ self.coef[: self.used] - yb
         return self.apply_step(Xb, g, K[:, : self.M + self.extra].mT @ g, eta, sigma2_n)
 
-    def carry(self, v):
-        return self.h - self.kop(self.Z, self.Z).to_dense() @ v
+
+def _dense_ep2_epoch(kop, st, theta, targets, generator):
+    """EigenPro 2.0's epoch (EigenPro 3 eq. 32, Lemma 5) on dense blocks: ``K'(P_b, P) = K(P_b, P) + shift delta``
+    with the exact ``k(p, p)`` on each row's own entry, and ``K'(P_S, P_b)`` formed again for the preconditioner."""
+    N = st.points.shape[0]
+    perm = torch.randperm(N, generator=generator).to(st.points.device)
+    for start in range(0, N, st.batch):
+        b = perm[start : start + st.batch]
+        K = kop(st.points[b], st.points).to_dense()
+        rows = torch.arange(b.shape[0])
+        K[rows, b] = kop(st.points[b], st.points[b]).to_dense().diagonal() + st.shift
+        g = K @ theta - targets[b]
+        lr = st.lr_scale * st.step(b.shape[0]) / b.shape[0]
+        if st.pre.q > 0:
+            Ks = kop(st.points[b], st.pre.points).to_dense()
+            pos = st.pos_in_s[b]
+            inside = (pos >= 0).nonzero(as_tuple=True)[0]
+            Ks[inside, pos[inside]] = K[inside, b[inside]]
+            theta.index_add_(0, st.pre.idx, st.pre.apply(Ks.mT @ g), alpha=lr)
+        theta[b] -= lr * g
 
 
 def _dense_projection(self, h):
     self.count += 1
-    return self.inner.solve(h)  # kgp_builtins.eigenpro's ep2_epoch: dense blocks K(Z_b, Z) and K(Z_b, Z_s)
+    if self.exact is not None:
+        return self.exact.solve(h)
+    theta = torch.zeros_like(h)
+    for _ in range(self.inner.epochs):
+        _dense_ep2_epoch(self.kop, self.inner.state, theta, h, self.inner.generator)
+    return theta
+
+
+@pytest.mark.parametrize("projection", ["eigenpro2", "cholesky"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_subsample_values_after_each_projection_match_a_fresh_evaluation(dtype, projection, monkeypatch):
+    """With the subsample among the centers and the residual carried, ``f(X_s) = K(X_s, Z) a`` after a projection is
+    updated from ``h`` and the residual, not evaluated: after every one of 360 projections it equals the float64
+    product of the kernel block with the coefficients to a small multiple of the rounding that product itself
+    carries (eps times ``|K| |a| / |K a|``, about 1,200 here). Measured: 1.2-2.9 times that."""
+    from kgp_builtins.eigenpro4 import solver as ep4_solver
+
+    errors = []
+    absorb = DelayedState.absorb
+
+    def checked(self, v, residual):
+        absorb(self, v, residual)
+        K = self.kop(self.pre.points, self.Z).to_dense().double()
+        a = self.alpha.double()
+        fresh = K @ a
+        cancellation = float((K.abs() @ a.abs()).norm() / fresh.norm())
+        errors.append(float((self.f_s.double() - fresh).norm() / fresh.norm()) / cancellation)
+
+    monkeypatch.setattr(ep4_solver.DelayedState, "absorb", checked)
+    X, Z, y = _problem(n=3000, d=3, M=200, dtype=dtype)
+    _fit(X, y, Z, _kernel("rbf", 0.7, dtype=dtype), epochs=20, projection=projection)
+    assert len(errors) == 360
+    assert max(errors) < 32 * torch.finfo(dtype).eps, max(errors) / torch.finfo(dtype).eps
+
+
+def _dense_residual(self, v, h):
+    return h - self.kop(self.Z, self.Z).to_dense() @ v
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_exact_projection_solves_the_centers_system_and_its_residual_is_the_jitters(dtype):
+    """``projection="cholesky"``: ``v`` solves ``(K(Z, Z) + jitter I) v = h`` (float64 dense check), and the residual
+    carried to the next period, ``jitter v``, is ``h - K(Z, Z) v`` to the rounding of the dtype."""
+    from kgp_builtins.eigenpro4.projection import DelayedProjection
+
+    _, Z, _ = _problem(M=200, d=3, dtype=dtype)
+    k = _kernel("rbf", 0.8, dtype=dtype)
+    kop = functools.partial(kgp.kernel_operator, k)
+    h = torch.randn(200, 2, generator=torch.Generator().manual_seed(5), dtype=torch.float64).to(dtype)
+    with torch.no_grad():
+        proj = DelayedProjection(kop, Z, "cholesky", None, None, 1, torch.Generator().manual_seed(1))
+        v = proj.solve(h)
+        residual = proj.residual(v, h)
+    assert proj.batch is None and proj.count == 1 and v.dtype == dtype and residual.dtype == dtype
+    K = _dense(k, Z, Z)
+    eps = torch.finfo(dtype).eps
+    scale = float(K.norm() * v.double().norm())
+    # the solve: backward error of a Cholesky solve, a small multiple of eps ||K|| ||v|| (cast to dtype included)
+    system = (K + proj.exact.jitter * torch.eye(200, dtype=torch.float64)) @ v.double() - h.double()
+    assert float(system.norm()) < 200 * eps * scale, float(system.norm()) / (eps * scale)
+    true_residual = h.double() - K @ v.double()
+    assert float((residual.double() - true_residual).norm()) < 200 * eps * scale
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -156,23 +238,25 @@ def _dense_projection(self, h):
 @pytest.mark.parametrize("preconditioner", ["centers", "data"])
 @pytest.mark.parametrize("fused", ["auto", "never"])
 def test_fit_agrees_with_the_dense_computation_to_rounding(dtype, kernel, preconditioner, fused, monkeypatch):
-    """Every step, projection and carried residual from the one-formation products (native for RBF under
-    "auto", blocked otherwise) against dense blocks multiplied twice and ``ep2_epoch``'s inner solve: the
-    same iterates up to rounding. 4 epochs of 14 steps, 3 projections each (with the ridge term, q > 0). The
-    short lengthscale keeps ``K(Z, Z)`` well conditioned, so the inexact projections do not amplify the
-    rounding of the products' sums (measured: 0.6-2.4 eps relative in both dtypes; at lengthscale 0.9 the
-    RBF fits differed by ~5e3 eps, on the blocked pass as on the native one, from the order of the sums alone)."""
+    """Every step, inexact projection and carried residual from the one-formation products (native for RBF under
+    "auto", blocked otherwise) against dense blocks multiplied twice: the same iterates up to rounding. 4 epochs
+    of 14 steps, 3 projections each (with the ridge term, q > 0). The short lengthscale keeps ``K(Z, Z)`` well
+    conditioned, so the inexact projections do not amplify the rounding of the products' sums (measured:
+    0.6-2.4 eps relative in both dtypes; at lengthscale 0.9 the RBF fits differed by ~5e3 eps, on the blocked
+    pass as on the native one, from the order of the sums alone)."""
     from kgp_builtins.eigenpro4 import solver as ep4_solver
 
     X, Z, y = _problem(n=700, d=3, M=60, dtype=dtype)
     k = _kernel(kernel, 0.3, dtype=dtype)
     options = {"epochs": 4, "batch_size": 50, "projection_period": 5, "preconditioner": preconditioner, "q": 8}
+    options["projection"] = "eigenpro2"
     if preconditioner == "data":
         options["subsample_size"] = 40
     with kgp.settings.fused_kernels(fused):
         fused_alpha = _fit(X, y, Z, k, **options).predictor_.alpha
     monkeypatch.setattr(ep4_solver, "DelayedState", _DenseState)
     monkeypatch.setattr(ep4_solver.DelayedProjection, "solve", _dense_projection)
+    monkeypatch.setattr(ep4_solver.DelayedProjection, "residual", _dense_residual)
     dense_alpha = _fit(X, y, Z, k, **options).predictor_.alpha
     eps = torch.finfo(dtype).eps
     assert _rel(fused_alpha, dense_alpha) < 32 * eps, _rel(fused_alpha, dense_alpha) / eps
@@ -180,21 +264,22 @@ def test_fit_agrees_with_the_dense_computation_to_rounding(dtype, kernel, precon
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("shift", [0.0, 0.3])
-def test_inner_epoch_is_ep2_epoch_to_rounding(dtype, shift):
-    """The projection's inner EigenPro 2.0 epoch (one formation of ``K(Z_b, Z)`` per batch, the exact ``k(z, z)``
-    and the shift on each row's own entry) against ``ep2_epoch`` (dense blocks), from the same generator
-    state: the same ``theta`` to rounding."""
+@pytest.mark.parametrize("fused", ["auto", "never"])
+def test_ep2_epoch_is_the_dense_epoch_to_rounding(dtype, shift, fused):
+    """EigenPro 2.0's epoch (the inexact projection of ``eigenpro`` and ``eigenpro4``, and the ``eigenpro2`` solver:
+    one formation of ``K(P_b, P)`` per batch, the exact ``k(p, p)`` and the shift on each row's own entry) against
+    the dense blocks formed twice, from the same generator state: the same ``theta`` to rounding, and the same
+    running MSE."""
     from kgp_builtins.eigenpro.ep2 import ep2_epoch, ep2_setup
-    from kgp_builtins.eigenpro4.projection import inner_epoch
 
     _, Z, _ = _problem(M=300, d=3, dtype=dtype)
     k = _kernel("rbf", 0.8, dtype=dtype)
     kop = functools.partial(kgp.kernel_operator, k)
     h = torch.randn(300, 2, generator=torch.Generator().manual_seed(5), dtype=torch.float64).to(dtype)
     thetas = []
-    with torch.no_grad():
+    with torch.no_grad(), kgp.settings.fused_kernels(fused):
         st = ep2_setup(kop, Z, 60, 12, shift, 40, 1.0, torch.Generator().manual_seed(1))
-        for epoch in (inner_epoch, ep2_epoch):
+        for epoch in (ep2_epoch, _dense_ep2_epoch):
             theta, gen = torch.zeros_like(h), torch.Generator().manual_seed(2)
             for _ in range(3):
                 epoch(kop, st, theta, h, gen)
@@ -247,6 +332,23 @@ def test_centers_more_than_the_budget_holds_refused_before_any_work(monkeypatch)
         _fit(X, y, Z[:20], _kernel(), batch_size=40, projection_period=10, subsample_size=20)
 
 
+def test_projection_auto_takes_the_factor_only_when_it_fits_the_budget_and_cholesky_is_refused_above(monkeypatch):
+    """``projection="auto"``: the exact solve when three float64 ``M x M`` arrays fit ``kgp.settings.memory_budget``,
+    the inner epochs otherwise (reported in the extras); an explicit ``"cholesky"`` above the budget is refused
+    before any kernel evaluation, naming the option."""
+    import kgp_builtins.eigenpro4.solver as solver_module
+
+    X, Z, y = _problem(n=400, M=40)
+    side = 3 * 8 * 40 * 40  # the factor's peak: 38,400 bytes
+    with kgp.settings.memory_budget(side):
+        assert _fit(X, y, Z, _kernel(), epochs=1).history_[-1].extras["projection"] == "cholesky"
+    with kgp.settings.memory_budget(side - 1):
+        assert _fit(X, y, Z, _kernel(), epochs=1).history_[-1].extras["projection"] == "eigenpro2"
+        monkeypatch.setattr(solver_module, "nystrom_preconditioner", lambda *a, **k: pytest.fail("work before refusal"))
+        with pytest.raises(InvalidOptionError, match=r"option 'projection': 'cholesky' with 40 centers.*'eigenpro2'"):
+            _fit(X, y, Z, _kernel(), projection="cholesky")
+
+
 def test_option_declarations_are_documented():
     from pathlib import Path
 
@@ -295,8 +397,16 @@ def test_memory_plan_closed_form():
                 device=None,
             )
             width = 1000 + (200 if stored else 0) + 1000
-            assert plan.state == 4 * (width * 12 + 1000 * (4 + 20) + 200 * (4 + 20))
+            assert plan.state == 4 * (width * 12 + 1000 * (4 + 20) + 200 * (6 + 20))
             assert plan.chunk == 500 and plan.block == 4 * 500 * width
+            assert plan.factor_setup == 0 and plan.total == plan.state + plan.block
+        exact = plan_memory(
+            n_centers=1000, s=200, q=20, stored_subsample=False, capacity=1000, d=10, k=2, batch=500, itemsize=4,
+            device=None, projection="cholesky",
+        )  # fmt: skip
+        # the factor kept in the input dtype; three float64 M x M arrays while it is formed
+        assert exact.state == plan.state + 4 * 1000**2 and exact.factor_setup == 3 * 8 * 1000**2
+        assert exact.total == max(exact.state + exact.block, exact.factor_setup)
 
 
 # ----------------------------------------------------------------------------- contracts

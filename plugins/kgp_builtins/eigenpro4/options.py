@@ -60,19 +60,27 @@ EIGENPRO4_DEFAULTS: dict[str, Option] = {
         allow_none=True,
         help="preconditioner level (< s); None: s // 10; 0: no preconditioner",
     ),
+    # the exact solve where its factor fits the budget: at M <= 4,000 the inner epochs were most of a fit's time
+    # (docs/benchmarks/eigenpro4.md); above, no M x M array (the paper's inexact solve)
+    "projection": Option.choice(
+        "auto",
+        ("auto", "cholesky", "eigenpro2"),
+        help="K(Z, Z) v = h by 'cholesky' (exact; three float64 M x M arrays) or inner 'eigenpro2' epochs (the "
+        "paper; no M x M array); 'auto': cholesky when those arrays fit kgp.settings.memory_budget",
+    ),
     "projection_epochs": Option.integer(
-        1, minimum=1, help="inner EigenPro 2.0 epochs on K(Z, Z) w = h per projection (the paper: 1)"
+        1, minimum=1, help="projection='eigenpro2': inner EigenPro 2.0 epochs on K(Z, Z) w = h per projection"
     ),
     "projection_residual": Option.choice(
         "carry",
         ("carry", "drop"),
-        help="'carry': the inexact projection's residual h - K(Z, Z) v starts the next period's h; 'drop': the paper",
+        help="'carry': the projection's residual h - K(Z, Z) v starts the next period's h; 'drop': the paper",
     ),
     "projection_subsample_size": Option.integer(
         None,
         minimum=1,
         allow_none=True,
-        help="subsample of the projection's model preconditioner (<= M); None: min(M, 2000, budget side)",
+        help="projection='eigenpro2': its model preconditioner's subsample (<= M); None: min(M, 2000, budget side)",
     ),
     "projection_q": Option.integer(
         None,

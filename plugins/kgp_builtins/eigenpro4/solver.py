@@ -8,12 +8,13 @@ EigenPro 3.0, but projects onto span K(., Z) only every T steps instead of after
    preconditioner P_s of EigenPro 3 eq. 29-30 on a Nystrom subsample X_s of the data): the batch's rows
    become temporary centers and X_s gets the preconditioner's correction (:mod:`.state`); predictions
    on later batches include them, so no information waits for the projection;
-2. every T steps (and at the end of each epoch) the temporary part is projected onto the centers by an
-   inexact inner solve of ``K(Z, Z) v = h`` (:mod:`.projection`) and dropped.
+2. every T steps (and at the end of each epoch) the temporary part is projected onto the centers by a
+   solve of ``K(Z, Z) v = h`` (:mod:`.projection`: the paper's inexact inner EigenPro 2.0 epochs, or the
+   exact Cholesky solve where its factor fits the memory budget) and dropped.
 
-A projection costs about as much as M / m steps, and is made once per T = M / m steps by default
+An inexact projection costs about as much as M / m steps, and is made once per T = M / m steps by default
 (about M temporary centers), so the cost per step stays O(m (M + s + T m)) = O(m M), where EigenPro 3.0
-pays a projection after every step.
+pays a projection after every step; an exact one costs ``2 M^2`` flops per output after an ``M^3 / 3`` setup.
 
 Conventions (kgp): ``problem.noise`` = sigma^2. ``regularization="ridge"`` minimises
 ``||K_XZ a - y||^2 + sigma^2 a^T K_ZZ a`` over span Z (the Nystrom GP posterior mean); ``"none"``
@@ -44,7 +45,7 @@ from kgp_builtins.eigenpro.options import resolve_subsample
 
 from .memory import plan_memory
 from .options import DEFAULT_MAX_BATCH, EIGENPRO4_DEFAULTS, OWNER, check_data_options, check_options
-from .projection import DelayedProjection
+from .projection import DelayedProjection, resolve_projection
 from .state import DelayedState
 
 __all__ = ["EigenPro4Solver"]
@@ -106,7 +107,15 @@ class EigenPro4Solver:
         # and the check is repeated with them
         known = opts["batch_size"] is not None and opts["projection_period"] is not None
         capacity0 = min(opts["projection_period"], -(-n // opts["batch_size"])) * opts["batch_size"] if known else 0
-        layout = {"n_centers": M, "d": X.shape[1], "k": k, "itemsize": X.element_size(), "device": X.device}
+        projection = resolve_projection(opts["projection"], M, X.device)
+        layout = {
+            "n_centers": M,
+            "d": X.shape[1],
+            "k": k,
+            "itemsize": X.element_size(),
+            "device": X.device,
+            "projection": projection,
+        }
         plan_memory(
             s=s, q=q, stored_subsample=not on_centers, capacity=capacity0, batch=opts["batch_size"] or 1, **layout
         )
@@ -124,7 +133,13 @@ class EigenPro4Solver:
             logger.info(plan.describe())
             state = DelayedState(kop, Z, pre, center_index, capacity, k)
             proj = DelayedProjection(
-                kop, Z, opts["projection_subsample_size"], opts["projection_q"], opts["projection_epochs"], gen
+                kop,
+                Z,
+                projection,
+                opts["projection_subsample_size"],
+                opts["projection_q"],
+                opts["projection_epochs"],
+                gen,
             )
             setup_time = time.perf_counter() - t_setup
 
@@ -148,7 +163,8 @@ class EigenPro4Solver:
                     t_step += t1 - t0
                     last = start + batch >= n
                     if steps % period == 0 or last or not state.room(batch):
-                        state.absorb(proj.solve(state.h), carry)
+                        v = proj.solve(state.h)
+                        state.absorb(v, proj.residual(v, state.h) if carry else None)
                         t_proj += time.perf_counter() - t1
                         if epoch >= first_avg:
                             average()
@@ -166,6 +182,7 @@ class EigenPro4Solver:
                     q=pre.q,
                     s=s,
                     preconditioner=opts["preconditioner"],
+                    projection=proj.kind,
                     projection_period=period,
                     projections=proj.count,
                     memory_estimate=plan.total,

@@ -23,6 +23,11 @@ kernel evaluations the step does not need:
 
 Both are updated in closed form from the step's own products (``K(Z, X_b) g`` and ``K(X_s, X_b) g``
 come out of the block that gave the predictions) and from ``K(Z, X_s) E`` / ``K(X_s, X_s) E``, formed once.
+After a projection ``f(X_s) = K(X_s, Z) a`` (the temporary part dropped). When X_s is a subset of the centers
+and the projection's residual ``r = h - K(Z, Z) v`` is known (``projection_residual="carry"``), that needs no
+kernel evaluation either: ``K(X_s, Z) a`` is kept as ``f_z`` (it only shrinks between projections) and grows
+by ``(K(Z, Z) v)[X_s] = (h - r)[X_s]``; otherwise ``K(X_s, Z) a`` is formed (``s M`` entries, as many as
+``2,000 / (1.5 M)`` of a period's steps at the default period).
 
 A step's predictions ``f(X_b)`` and its gradient ``K([Z; X_s; X_tmp], X_b) g`` come from one formation of
 ``K(X_b, [Z; X_s; X_tmp])`` (:meth:`kgp.operators.KernelOperator.residual_matmul`: natively on a CPU, without
@@ -84,6 +89,7 @@ class DelayedState:
             self.SE = kop(pre.points, pre.points) @ pre.E  # K(X_s, X_s) E: the correction at X_s (f_s)
             self.ZE = kop(Z, pre.points) @ pre.E  # K(Z, X_s) E: the correction at Z (h)
         self.f_s = Z.new_zeros(s, k)
+        self.f_z = Z.new_zeros(s, k) if center_index is not None else None  # K(X_s, Z) a, X_s among the centers
 
     @property
     def Z(self) -> Tensor:
@@ -131,6 +137,8 @@ class DelayedState:
                 self.c.mul_(shrink)
             self.h.mul_(shrink)
             self.f_s.mul_(shrink)
+            if self.f_z is not None:
+                self.f_z.mul_(shrink)
         # the batch's rows as temporary centers
         self.points[width : width + m] = Xb
         self.coef[width : width + m] = g.mul(-eta / m)
@@ -153,19 +161,13 @@ class DelayedState:
         """Whether ``m`` more temporary centers fit the buffer."""
         return self.used + m <= self.points.shape[0]
 
-    def carry(self, v: Tensor) -> Tensor:
-        """The projection's residual ``h - K(Z, Z) v`` (``K(Z, Z)`` with its exact diagonal, streamed: natively on
-        a CPU, where ``K(Z, Z) @ v`` runs the blocked pass for a square operator)."""
-        return self.kop(self.Z, self.Z).residual_matmul(v.neg(), self.h, transpose=False)[0]
-
-    def absorb(self, v: Tensor, carry: bool) -> None:
+    def absorb(self, v: Tensor, residual: Tensor | None) -> None:
         """After a projection ``v ~ K(Z, Z)^{-1} h``: ``a += v``, the temporary part dropped, ``f(X_s)`` recomputed.
 
-        ``carry``: keep the solve's residual ``h - K(Z, Z) v`` as the start of the next ``h`` (error
-        feedback): the part of the temporary function that the inexact solve missed is projected with the
-        next period's instead of being lost, so the centers' coefficients follow the exactly projected
-        iteration with a delay (one ``M x k`` kernel product per projection, streamed). Without it the
-        missed part is dropped, as in the paper.
+        ``residual``: the solve's ``h - K(Z, Z) v`` (:meth:`.projection.DelayedProjection.residual`), kept as
+        the start of the next ``h`` (error feedback): the part of the temporary function that the solve missed
+        is projected with the next period's instead of being lost, so the centers' coefficients follow the
+        exactly projected iteration with a delay. None: the missed part is dropped, as in the paper.
         """
         self.alpha.add_(v)
         if self.c is not None:  # the centers' slots held a + c: c is projected (in v) and dropped
@@ -173,8 +175,14 @@ class DelayedState:
             self.c.zero_()
         self.coef[self.M :].zero_()
         self.used = self.M + self.extra
-        if carry:
-            self.h = self.carry(v)
+        if self.f_z is not None and residual is not None:
+            self.f_z.add_(self.h[self.center_index]).sub_(residual[self.center_index])  # += (K(Z, Z) v)[X_s]
+            self.f_s = self.f_z.clone()
+        else:
+            self.f_s = self.kop(self.pre.points, self.Z) @ self.alpha
+            if self.f_z is not None:
+                self.f_z = self.f_s.clone()
+        if residual is not None:
+            self.h = residual
         else:
             self.h.zero_()
-        self.f_s = self.kop(self.pre.points, self.Z) @ self.alpha
