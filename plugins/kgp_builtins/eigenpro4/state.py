@@ -162,7 +162,8 @@ class DelayedState:
         return self.used + m <= self.points.shape[0]
 
     def absorb(self, v: Tensor, residual: Tensor | None) -> None:
-        """After a projection ``v ~ K(Z, Z)^{-1} h``: ``a += v``, the temporary part dropped, ``f(X_s)`` recomputed.
+        """After a projection ``v ~ K(Z, Z)^{-1} h``: ``a += v``, the temporary part dropped, ``f(X_s) = K(X_s, Z) a``
+        (from the residual where it can: module docstring).
 
         ``residual``: the solve's ``h - K(Z, Z) v`` (:meth:`.projection.DelayedProjection.residual`), kept as
         the start of the next ``h`` (error feedback): the part of the temporary function that the solve missed
