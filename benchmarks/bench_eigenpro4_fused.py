@@ -25,7 +25,6 @@ implementations directly. In the same process FALKON's pass ``K^T (K v)`` (float
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import subprocess
@@ -49,29 +48,9 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 import bench_eigenpro4_large as large  # noqa: E402  (data, centers, one fit)
+from at_commit import load_package, unload  # noqa: E402
 
 PACKAGE = "plugins/kgp_builtins/eigenpro4"
-
-
-def load_package(commit: str, where: Path) -> Any:
-    """``plugins/kgp_builtins/eigenpro4`` at ``commit`` as the package ``eigenpro4_at_<commit>`` under ``where``."""
-    name = "eigenpro4_at_" + "".join(c for c in commit if c.isalnum())
-    target = where / name
-    target.mkdir(parents=True)
-    files = subprocess.run(
-        ["git", "ls-tree", "--name-only", f"{commit}:{PACKAGE}"], cwd=ROOT, check=True, capture_output=True, text=True
-    ).stdout.split()
-    for file in files:
-        if file.endswith(".py"):
-            text = subprocess.run(
-                ["git", "show", f"{commit}:{PACKAGE}/{file}"], cwd=ROOT, check=True, capture_output=True, text=True
-            ).stdout
-            (target / file).write_text(text)
-    sys.path.insert(0, str(where))
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(str(where))
 
 
 class Meter:
@@ -188,7 +167,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     solver_cls = after.solver.EigenPro4Solver
     fits = {"after": solver_cls.fit}
     with tempfile.TemporaryDirectory() as tmp:
-        before = load_package(args.before, Path(tmp))
+        before = load_package(args.before, PACKAGE, Path(tmp))
         fits["before"] = before.solver.EigenPro4Solver.fit
         meters = {"before": Meter(), "after": Meter()}
         instrument(before, meters["before"])
@@ -199,8 +178,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         finally:
             for meter in meters.values():
                 meter.restore()
-            for module in [m for m in sys.modules if m.startswith(before.__name__)]:
-                del sys.modules[module]
+            unload(before)
     rate = falkon_pass(data["X"], Z)
     print(f"FALKON's pass on K(X, Z), same process: {rate:.3g} entries per CPU second")
     print()

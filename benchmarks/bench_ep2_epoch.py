@@ -4,25 +4,23 @@ One command, one table::
 
     OMP_NUM_THREADS=2 python benchmarks/bench_ep2_epoch.py --before ab98acd --centers 20000 64000 --d 8 28
 
-The epoch is the inexact projection of ``eigenpro`` (one epoch per projection at large M: every step at
-M = 64,000) and of ``eigenpro4`` (``projection="eigenpro2"``), and the ``eigenpro2`` solver's iteration. For
-each M and d: M standard normal points in d dimensions, an RBF kernel of lengthscale sqrt(d), float32, a
-random right-hand side, the same preconditioner (s = min(M, 2,000), q = s / 10 asked) and batch (its critical batch) for
-both commits; ``--before``'s ``ep2.py`` is read from git into a temporary module (everything it imports is this
-checkout's). Each epoch runs from the same generator state, alternating which commit runs first, ``--repeats``
-times; the table gives the best wall and CPU seconds of each, their ratio, and the largest difference of the
-two epochs' iterates relative to its norm (the same arithmetic up to the order of the sums).
+The epoch is the inexact projection of ``eigenpro`` (one epoch per projection at large M: every step at M = 64,000)
+and of ``eigenpro4`` (``projection="eigenpro2"``), and the ``eigenpro2`` solver's iteration. For each M and d: M
+standard normal points in d dimensions, an RBF kernel of lengthscale sqrt(d), float32, a random right-hand side,
+the same preconditioner (s = min(M, 2,000), q = s / 10 asked) and batch (its critical batch) for both commits;
+``--before``'s ``ep2.py`` is read from git into a temporary module
+(``at_commit.load_module``; everything it imports is this checkout's). Each epoch runs from the same generator state,
+alternating which commit runs first, ``--repeats`` times; the table gives the best wall and CPU seconds of each,
+their ratio, and the largest difference of the two epochs' iterates relative to its norm (the same arithmetic up to
+the order of the sums).
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
-import importlib.util
 import os
 import platform
-import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,23 +35,10 @@ from kgp_builtins.eigenpro import ep2 as ep2_now  # noqa: E402
 
 import kgp  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from at_commit import load_module, unload  # noqa: E402  (the 'before' package)
+
 MODULE = "plugins/kgp_builtins/eigenpro/ep2.py"
-
-
-def load_before(commit: str, where: Path) -> Any:
-    """``ep2.py`` at ``commit`` as a module, its relative imports made absolute (``kgp_builtins.eigenpro.*``)."""
-    text = subprocess.run(
-        ["git", "show", f"{commit}:{MODULE}"], cwd=ROOT, check=True, capture_output=True, text=True
-    ).stdout
-    text = re.sub(r"^from \.(\w+) import", r"from kgp_builtins.eigenpro.\1 import", text, flags=re.M)
-    path = where / "ep2_before.py"
-    path.write_text(text)
-    spec = importlib.util.spec_from_file_location("ep2_before", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["ep2_before"] = module  # its dataclass looks the module up there
-    spec.loader.exec_module(module)
-    return module
 
 
 def one_epoch(module: Any, kop, state, h: torch.Tensor) -> tuple[float, float, torch.Tensor]:
@@ -105,18 +90,20 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     print("|---" * 9 + "|")
     results = []
     with tempfile.TemporaryDirectory() as tmp:
-        before = load_before(args.before, Path(tmp))
-        for M in args.centers:
-            for d in args.d:
-                r = measure(before, M, d, args.repeats)
-                (wb, cb), (wa, ca) = r["best"]["before"], r["best"]["after"]
-                print(
-                    f"| {M:,} | {d} | {r['batch']} / {r['q']} | {wb:.2f} | {wa:.2f} | {wb / wa:.2f}x | {cb:.2f} | "
-                    f"{ca:.2f} | {r['diff']:.1e} |",
-                    flush=True,
-                )
-                results.append(r)
-    sys.modules.pop("ep2_before", None)
+        before = load_module(args.before, MODULE, "kgp_builtins.eigenpro", Path(tmp))
+        try:
+            for M in args.centers:
+                for d in args.d:
+                    r = measure(before, M, d, args.repeats)
+                    (wb, cb), (wa, ca) = r["best"]["before"], r["best"]["after"]
+                    print(
+                        f"| {M:,} | {d} | {r['batch']} / {r['q']} | {wb:.2f} | {wa:.2f} | {wb / wa:.2f}x | "
+                        f"{cb:.2f} | {ca:.2f} | {r['diff']:.1e} |",
+                        flush=True,
+                    )
+                    results.append(r)
+        finally:
+            unload(before)
     print(f"load {os.getloadavg()[0]:.2f} (end)")
     return results
 

@@ -23,10 +23,22 @@ from kgp import settings
 from kgp.plugin import Problem
 from kgp.safeguards import CostWarning, check_memory, format_bytes
 
-__all__ = ["ITEMSIZE", "LONG_RUN_ENTRIES", "block_rows", "budget_side", "check_center_sizes", "kernel_diagonal"]
+__all__ = [
+    "CHOLESKY_PEAK_ARRAYS",
+    "ITEMSIZE",
+    "LONG_RUN_ENTRIES",
+    "block_rows",
+    "budget_side",
+    "check_center_sizes",
+    "kernel_diagonal",
+]
 
 #: Bytes per entry the budget is counted in (float64: the setup's eigendecomposition and curvature).
 ITEMSIZE = 8
+
+#: Float64 ``p x p`` arrays alive at once while :class:`.projection.CholeskyProjection` forms its factor:
+#: ``K(Z, Z)``, its jittered copy and the factor.
+CHOLESKY_PEAK_ARRAYS = 3
 
 
 def block_rows(cols: int, device: torch.device | None = None) -> int:
@@ -76,7 +88,7 @@ def check_center_sizes(
     what = f"{owner} with {centers}: its {p:,} x {q} preconditioner block and iterates"
     remedy = fewer
     if projection == "cholesky":
-        needed += 3 * p * p * ITEMSIZE
+        needed += CHOLESKY_PEAK_ARRAYS * p * p * ITEMSIZE
         what = f"{owner} with n_centers={p:,} and projection='cholesky': three float64 {p:,} x {p:,} arrays"
         remedy = "lower n_centers, or use solver_options={'projection': 'eigenpro2'} (no p x p matrix)"
     check_memory(needed, what=what, remedy=remedy, device=problem.device)

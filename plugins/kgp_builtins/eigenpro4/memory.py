@@ -15,7 +15,8 @@ The fit keeps (all in the input dtype):
 
 With ``projection="eigenpro2"`` nothing is ``M x M``: that is O(M (d + k + q) + C (d + k) + chunk (M + e + C)).
 With ``projection="cholesky"`` the factor of ``K(Z, Z)`` is kept (``M x M`` in the input dtype) and its
-construction holds three float64 ``M x M`` arrays at once (:data:`.projection.CHOLESKY_ARRAYS`; the peak,
+construction holds three float64 ``M x M`` arrays at once (``CHOLESKY_PEAK_ARRAYS`` of
+:mod:`kgp_builtins.eigenpro.budget`; the peak,
 before the epochs' buffers exist). The persistent part, and that peak, must fit ``kgp.settings.memory_budget``;
 otherwise the fit is refused before any work, naming the number of centers and ``projection_period`` (the
 capacity C = T m is the other term that grows), or ``projection``.
@@ -27,14 +28,11 @@ from dataclasses import dataclass
 
 from kgp import settings
 from kgp.options import InvalidOptionError
+from kgp_builtins.eigenpro.budget import CHOLESKY_PEAK_ARRAYS, ITEMSIZE
 
 from .options import OWNER
 
-#: Float64 ``M x M`` arrays alive at once while the exact projection's factor is formed (the kernel matrix, its
-#: jittered copy and the factor: :class:`~kgp_builtins.eigenpro.projection.CholeskyProjection`).
-CHOLESKY_ARRAYS = 3
-
-__all__ = ["CHOLESKY_ARRAYS", "MemoryPlan", "plan_memory"]
+__all__ = ["MemoryPlan", "plan_memory"]
 
 
 @dataclass(frozen=True)
@@ -90,11 +88,11 @@ def plan_memory(
     factor_setup = 0
     if projection == "cholesky":
         state += itemsize * n_centers**2  # the factor, kept in the input dtype
-        factor_setup = CHOLESKY_ARRAYS * 8 * n_centers**2
+        factor_setup = CHOLESKY_PEAK_ARRAYS * ITEMSIZE * n_centers**2
         if factor_setup > budget:
             raise InvalidOptionError(
-                f"{OWNER} option 'projection': 'cholesky' with {n_centers} centers forms {CHOLESKY_ARRAYS} float64 "
-                f"{n_centers} x {n_centers} arrays, {factor_setup / 2**20:.1f} MiB, more than "
+                f"{OWNER} option 'projection': 'cholesky' with {n_centers} centers forms {CHOLESKY_PEAK_ARRAYS} "
+                f"float64 {n_centers} x {n_centers} arrays, {factor_setup / 2**20:.1f} MiB, more than "
                 f"kgp.settings.memory_budget = {budget / 2**20:.1f} MiB; use projection='eigenpro2' (no M x M "
                 "array) or 'auto', fewer centers (n_centers), or raise the budget"
             )

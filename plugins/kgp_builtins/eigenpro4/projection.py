@@ -30,23 +30,22 @@ import torch
 from torch import Tensor
 
 from kgp import settings
-from kgp_builtins.eigenpro.budget import ITEMSIZE
+from kgp_builtins.eigenpro.budget import CHOLESKY_PEAK_ARRAYS, ITEMSIZE
 from kgp_builtins.eigenpro.nystrom import KernelOpFactory
 from kgp_builtins.eigenpro.options import resolve_subsample
 from kgp_builtins.eigenpro.projection import CholeskyProjection, EigenPro2Projection
 
-from .memory import CHOLESKY_ARRAYS
 from .options import OWNER
 
 __all__ = ["DelayedProjection", "resolve_projection"]
 
 
 def resolve_projection(projection: str, n_centers: int, device: torch.device) -> str:
-    """``"cholesky"`` or ``"eigenpro2"``; ``"auto"``: the factor when :data:`CHOLESKY_ARRAYS` float64 ``M x M``
+    """``"cholesky"`` or ``"eigenpro2"``; ``"auto"``: the factor when :data:`CHOLESKY_PEAK_ARRAYS` float64 ``M x M``
     arrays fit ``kgp.settings.memory_budget`` on ``device``."""
     if projection != "auto":
         return projection
-    fits = CHOLESKY_ARRAYS * ITEMSIZE * n_centers**2 <= settings.memory_budget.value(device)
+    fits = CHOLESKY_PEAK_ARRAYS * ITEMSIZE * n_centers**2 <= settings.memory_budget.value(device)
     return "cholesky" if fits else "eigenpro2"
 
 
