@@ -14,7 +14,9 @@ time ratio <= 2.
 Usage (one command)::
 
     OMP_WAIT_POLICY=PASSIVE python benchmarks/bench_eigenpro_uci.py [--sets pol,bike] [--dtypes float32]
-        [--options '{"epochs": 20}'] [--json out.json]
+        [--options '{"epochs": 20}'] [--json out.json] [--solver eigenpro4]
+
+``--solver eigenpro4`` compares ``eigenpro4`` (defaults) in the same way.
 """
 
 from __future__ import annotations
@@ -71,6 +73,9 @@ def main() -> None:
     parser.add_argument("--sets", default=",".join(ALL_SETS), help="comma-separated UCI set names")
     parser.add_argument("--dtypes", default="float32,float64")
     parser.add_argument("--options", default="{}", help="eigenpro solver_options as JSON (default: none)")
+    parser.add_argument(
+        "--solver", default="eigenpro", choices=("eigenpro", "eigenpro4"), help="the EigenPro solver compared"
+    )
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args()
     torch.set_flush_denormal(True)  # denormal kernel values slow float32 LAPACK (shared/notes/machine.md)
@@ -78,13 +83,13 @@ def main() -> None:
     print(
         f"torch {torch.__version__}, threads {torch.get_num_threads()}, OMP_WAIT_POLICY="
         f"{os.environ.get('OMP_WAIT_POLICY')}, MKL_NUM_THREADS={os.environ.get('MKL_NUM_THREADS')}, "
-        f"eigenpro options {options or 'defaults'}"
+        f"{args.solver} options {options or 'defaults'}"
     )
     names = [s for s in args.sets.split(",") if s]
     hypers = cached_hyperparameters(names)
     rows = []
     header = (
-        "| set | n | d | M | dtype | falkon64 RMSE | eigenpro RMSE | RMSE ratio | falkon s | eigenpro s "
+        f"| set | n | d | M | dtype | falkon64 RMSE | {args.solver} RMSE | RMSE ratio | falkon s | {args.solver} s "
         "| time ratio | batch | q | epochs | note |"
     )
     print(header)
@@ -102,7 +107,7 @@ def main() -> None:
             else:
                 _, fk_s, _, _, _ = fit(split, hyper, "falkon", dtype)
             model, ep_s, ep_rmse, caught, err = fit(
-                split, hyper, "eigenpro", dtype, centers=ref.centers_.to(dtype), options=options
+                split, hyper, args.solver, dtype, centers=ref.centers_.to(dtype), options=options
             )
             hist = getattr(model, "history_", None) or []
             extras = hist[-1].extras if hist else {}
