@@ -217,6 +217,7 @@ def default_call(split: uci.Split, seed: int = 0, device: str = "cpu") -> dict:
         "seconds": time.perf_counter() - start,
         "fit_seconds": fit_seconds,
         "noise": float(model.noise_),
+        "variance_calibration": getattr(model.posterior_.variance, "calibration", None),
         "chose": {k: v for k, v in recipe.items() if k != "reasons"} if recipe else None,
     }
 

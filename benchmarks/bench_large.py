@@ -199,6 +199,7 @@ def fit_kgp(data: dict, noise: float, seed: int, options: dict | None = None, sa
         "peak_rss": peak_rss_bytes(),
         "rss_before": rss_before,
         "noise_learned": float(model.noise_),
+        "variance_calibration": getattr(model.posterior_.variance, "calibration", None),
         "recipe": {k: v for k, v in recipe.items() if k != "reasons"},
         **({"served": time_served_std(model, save, data["X_test"][:1000])} if save is not None else {}),
     }

@@ -52,3 +52,27 @@ def test_a_saved_model_scored_on_fresh_test_rows(bench, tmp_path, capsys):
     assert full["95%"] == pytest.approx(float(np.mean(np.abs(z) <= 1.959964)), abs=1e-12)
     assert full["E[z^2]"] == pytest.approx(float(np.mean(z**2)), rel=1e-9)
     assert "| all 12,000 rows |" in capsys.readouterr().out
+
+
+def test_the_factor_measured_on_a_saved_model_is_the_one_its_fit_measured(bench, tmp_path, capsys):
+    """``--train``: the factor the script measures on a model saved without it equals the fit's own step on the
+    same rows (same draw of rows, same residuals up to the order of the sums), and both stds are scored."""
+    from test_variance_calibration import learned_prior_fit
+
+    model, (X, y), _ = learned_prior_fit(20_000, 100)
+    fitted = model.posterior_.variance.calibration
+    assert 0 < fitted < 1  # the step ran and measured something (the test's data: 200 rows per center)
+    model.posterior_.variance.calibration = 1.0  # as saved before the step existed
+    path = tmp_path / "gp.kgp"
+    model.save(path)
+    np.save(tmp_path / "X.npy", X)
+    np.save(tmp_path / "y.npy", y)
+    results = bench.main(
+        [str(path), "--d", "3", "--rows", "3000", "--train", str(tmp_path / "X.npy"), str(tmp_path / "y.npy")]
+    )
+    (measured_label,) = [k for k in results if k.startswith("factor")]
+    measured = float(measured_label.split()[1].rstrip(","))
+    assert measured == pytest.approx(fitted, abs=1e-4)  # printed to 4 digits
+    formula = results["formula, all 3,000 rows"]
+    assert formula["95%"] > results[measured_label]["95%"]  # the factor narrows the intervals
+    assert "| formula, all 3,000 rows |" in capsys.readouterr().out

@@ -7,6 +7,7 @@ here), so a hang fails the test instead of blocking the suite.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -372,9 +373,37 @@ def _gram_subset_task(rank, world, counts):
 
     for name, value in _SMALL_GRAM.items():
         setattr(nystrom, name, value)
-    result = _gp_task(rank, world, counts, "exact_subset")
+    with _recorded_calibration(setattr) as seen:
+        result = _gp_task(rank, world, counts, "exact_subset")
     result["gram_rows"] = int(nystrom.gram_subset(N, M)[0].numel())
+    result["calibration_table"] = seen
     return result
+
+
+_CALIBRATION_ROWS = 70
+
+
+@contextlib.contextmanager
+def _recorded_calibration(set_attribute):
+    """Draw ``_CALIBRATION_ROWS`` of the rows for the variance's factor and record the table it is solved
+    from (``set_attribute``: ``setattr``, or a pytest ``monkeypatch.setattr``)."""
+    import kgp.variance.calibration as calibration
+    import kgp.variance.nystrom as nystrom
+
+    seen = []
+    estimate = nystrom.estimate_calibration
+
+    def recording(*args):
+        seen.append(torch.stack(args[:3], dim=1).clone())
+        return estimate(*args)
+
+    rows = calibration.CALIBRATION_ROWS
+    set_attribute(calibration, "CALIBRATION_ROWS", _CALIBRATION_ROWS)
+    set_attribute(nystrom, "estimate_calibration", recording)
+    try:
+        yield seen
+    finally:  # a spawned rank runs further tasks after this one
+        calibration.CALIBRATION_ROWS, nystrom.estimate_calibration = rows, estimate
 
 
 class _PlainCG:
@@ -819,7 +848,15 @@ def test_the_variance_gram_subset_is_the_one_process_subset(three_ranks, monkeyp
     for name, value in _SMALL_GRAM.items():
         monkeypatch.setattr(nystrom, name, value)
     X, y = _data()
-    model = _model(**GP_CASES["exact_subset"]).fit(X, y)
+    with _recorded_calibration(monkeypatch.setattr) as seen:
+        model = _model(**GP_CASES["exact_subset"]).fit(X, y)
+    # the variance's factor: every rank solved for it from the one process's rows (70 of 240 drawn, rank 0
+    # holding none of them), each row's residual and variance terms to rounding
+    (table,) = seen
+    assert table.shape == (_CALIBRATION_ROWS, 3)
+    for res in (r["gram_subset"] for r in three_ranks):
+        (rank_table,) = res["calibration_table"]
+        torch.testing.assert_close(rank_table, table, rtol=1e-7, atol=1e-12)
     assert model.posterior_.variance.gram_scale == N / 80
     std = model.predict(X[:50], return_std=True)[1]
     full = nystrom.nystrom_factors(

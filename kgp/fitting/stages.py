@@ -27,11 +27,13 @@ from ..plugin import Centers, Problem, SelectionRequest, Solution
 from ..posterior import Posterior, Scaling, TargetScaling
 from ..validation import to_tensor
 from ..variance import FitInputs, for_fit, for_target
+from ..variance.calibration import calibration_subset
 from .plan import FitPlan, PluginChoice, RandomStreams
 from .rows import TrainingRows
 
 __all__ = [
     "FitResult",
+    "calibrate_variance",
     "FitHyperparameters",
     "finish",
     "learn",
@@ -442,7 +444,39 @@ def finish(
                     ConvergenceWarning,
                     stacklevel=4,
                 )
+        if posterior.variance.calibrates and posterior.variance.built:
+            with monitor.stage("variance calibration"):
+                calibrate_variance(posterior, rows)
     return FitResult(posterior, centers, learned, list(monitor.history))
+
+
+def calibrate_variance(posterior: Posterior, rows: TrainingRows) -> float:
+    """Measure the variance's factor on the conditional term on a fixed draw of training rows.
+
+    The residuals of the fitted mean at ``kgp.variance.calibration.CALIBRATION_ROWS`` rows (all rows below),
+    their mean square over the outputs, in the scaled units; in a distributed fit each rank takes the rows
+    of the global draw it holds and the sums are all-reduced (:meth:`kgp.variance.VarianceStrategy.calibrate`).
+    """
+    chosen = calibration_subset(rows.n)
+    gather = None
+    if rows.shard is None:
+        local = chosen
+    else:
+        positions, local = rows.shard.local_rows(chosen)
+
+        def gather(values: Tensor) -> Tensor:
+            table = values.new_zeros(chosen.numel(), values.shape[1])
+            table[positions.to(values.device)] = values
+            return rows.shard.all_reduce_(table)
+
+    local = local.to(rows.X.device)
+    X, Y = rows.X[local], rows.Y[local]
+    with torch.no_grad():
+        fitted = posterior.predictor.predict(X)
+        if fitted.dim() == 1:
+            fitted = fitted.unsqueeze(-1)
+        residual_square = (Y - posterior.offset - fitted).square().mean(-1)
+    return posterior.variance.calibrate(X, residual_square, rows.n, gather=gather)
 
 
 def run(

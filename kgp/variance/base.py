@@ -31,6 +31,7 @@ from torch import Tensor
 from ..linalg import flush_below_scale
 from ..operators import kernel_operator, plan_block_rows, row_slices
 from ..posterior_checks import PosteriorStateError, StateChecker
+from .calibration import conditional_scale
 
 __all__ = [
     "FactoredVariance",
@@ -43,6 +44,7 @@ __all__ = [
     "latent_covariance",
     "latent_variance",
     "pair_kernel",
+    "variance_terms",
     "working_kernel",
 ]
 
@@ -225,6 +227,18 @@ class VarianceStrategy(abc.ABC):
         """Take factors the solver computed anyway (:class:`kgp.plugin.Solution`); False where they do not fit."""
         return False
 
+    calibrates: ClassVar[bool] = False
+    """Whether :meth:`calibrate` measures a factor (the Nystrom variance, :mod:`kgp.variance.calibration`)."""
+
+    def calibrate(self, X: Tensor, residual_square: Tensor, n: int, gather: Any = None) -> float:
+        """Measure the variance's calibration on training rows ``X`` with residuals' mean squares ``residual_square``.
+
+        ``n``: the fit's training rows (all ranks'); ``gather``: in a distributed fit, ``X`` is this rank's part
+        of a global draw of rows and ``gather`` maps a per-row table of it to the whole draw's, on every rank.
+        Returns the factor kept (1 for a kind that has none).
+        """
+        return 1.0
+
     @abc.abstractmethod
     def latent_variance(self, Xq: Tensor) -> Tensor:
         """Variance of the latent f at the rows of ``Xq`` (length q), clamped at 0, in ``Xq``'s dtype."""
@@ -290,13 +304,16 @@ class FactoredVariance(VarianceStrategy):
         self.factors = factors
         return True
 
+    calibration: float = 1.0
+    """The factor c on the conditional term (:mod:`kgp.variance.calibration`); 1 leaves the variance as it is."""
+
     def latent_variance(self, Xq: Tensor) -> Tensor:
         self.build()
-        return latent_variance(self.kernel, Xq, self.factors)
+        return latent_variance(self.kernel, Xq, self.factors, calibration=self.calibration)
 
     def latent_covariance(self, Xq: Tensor) -> Tensor:
         self.build()
-        return latent_covariance(self.kernel, Xq, self.factors)
+        return latent_covariance(self.kernel, Xq, self.factors, calibration=self.calibration)
 
 
 # ---------------------------------------------------------------------- the factored computations
@@ -361,34 +378,71 @@ def _query_blocks(
         yield sl, prior, factors.projections(kx)
 
 
-def _variance_of(prior: Tensor, projections: list[tuple[float, Tensor]]) -> Tensor:
-    var = prior
-    for weight, P in projections:
-        var = var + weight * P.square().sum(0)
+def _variance_of(prior: Tensor, projections: list[tuple[float, Tensor]], calibration: float = 1.0) -> Tensor:
+    conditional, rest = _terms(prior, projections)
+    var = conditional if calibration == 1.0 else conditional * conditional_scale(prior, conditional, calibration)
+    if rest is not None:
+        var = var + rest
     # rounding can leave a variance slightly negative where the data pin f down; scikit-learn's
     # GaussianProcessRegressor clamps (and warns) too: the clamp removes only noise below eps * k(x, x)
     return var.clamp_min(0.0)
 
 
-def latent_variance(kernel: gpytorch.kernels.Kernel, Xq: Tensor, factors: VarianceFactors) -> Tensor:
+def _terms(prior: Tensor, projections: list[tuple[float, Tensor]]) -> tuple[Tensor, Tensor | None]:
+    """Per row: the conditional term ``k(x, x) + w_0 ||P_0||^2`` and the sum of the others (None if none)."""
+    (weight, P), others = projections[0], projections[1:]
+    conditional = prior + weight * P.square().sum(0)
+    rest = None
+    for weight, P in others:
+        term = weight * P.square().sum(0)
+        rest = term if rest is None else rest + term
+    return conditional, rest
+
+
+def variance_terms(kernel: gpytorch.kernels.Kernel, Xq: Tensor, factors: VarianceFactors) -> tuple[Tensor, ...]:
+    """Per row of ``Xq`` (the factors' dtype): ``k(x, x)``, the conditional term and the sum of the others.
+
+    The terms :func:`latent_variance` combines, unclamped, for :mod:`kgp.variance.calibration`.
+    """
+    work = factors.chol.dtype
+    kernel = working_kernel(kernel, work)
+    q = Xq.shape[0]
+    prior_all, conditional_all, rest_all = (torch.zeros(q, dtype=work, device=Xq.device) for _ in range(3))
+    with torch.no_grad():
+        for sl, prior, projections in _query_blocks(kernel, Xq, factors):
+            conditional, rest = _terms(prior, projections)
+            prior_all[sl], conditional_all[sl] = prior, conditional
+            if rest is not None:
+                rest_all[sl] = rest
+    return prior_all, conditional_all, rest_all
+
+
+def latent_variance(
+    kernel: gpytorch.kernels.Kernel, Xq: Tensor, factors: VarianceFactors, *, calibration: float = 1.0
+) -> Tensor:
     """Variance of the latent f at the rows of ``Xq`` (length ``q``, ``Xq``'s dtype), clamped at 0.
 
     ``k(x, x) + sum_i w_i ||L_i^{-1} k_x||^2`` in the factors' dtype, in query blocks under
-    ``kgp.settings.memory_budget`` (see the module docstring).
+    ``kgp.settings.memory_budget`` (see the module docstring); with ``calibration`` c below 1 the
+    conditional term (i = 0) is scaled by :func:`kgp.variance.calibration.conditional_scale`.
     """
     out = torch.empty(Xq.shape[0], dtype=Xq.dtype, device=Xq.device)
     kernel = working_kernel(kernel, factors.chol.dtype)
     with torch.no_grad():
         for sl, prior, projections in _query_blocks(kernel, Xq, factors):
-            out[sl] = _variance_of(prior, projections)
+            out[sl] = _variance_of(prior, projections, calibration)
     return out
 
 
-def latent_covariance(kernel: gpytorch.kernels.Kernel, Xq: Tensor, factors: VarianceFactors) -> Tensor:
+def latent_covariance(
+    kernel: gpytorch.kernels.Kernel, Xq: Tensor, factors: VarianceFactors, *, calibration: float = 1.0
+) -> Tensor:
     """Covariance of the latent f between the rows of ``Xq`` (``q x q``, the factors' dtype).
 
     ``K(Xq, Xq) + sum_i w_i P_i^T P_i`` (the module docstring), symmetrised, with the diagonal set to
-    :func:`latent_variance`'s values (computed from the same projections). Dense in q.
+    :func:`latent_variance`'s values (computed from the same projections). Dense in q. With
+    ``calibration`` c below 1 the conditional part ``K(Xq, Xq) + w_0 P_0^T P_0`` is scaled to
+    ``G^{1/2} (.) G^{1/2}`` (:mod:`kgp.variance.calibration`), which keeps it positive semi-definite.
     """
     work = factors.chol.dtype
     kernel = working_kernel(kernel, work)
@@ -399,13 +453,18 @@ def latent_covariance(kernel: gpytorch.kernels.Kernel, Xq: Tensor, factors: Vari
         var = torch.empty(q, dtype=work, device=Xq.device)
         blocks: list[list[Tensor]] = []
         weights: list[float] = []
+        scale = torch.ones(q, dtype=work, device=Xq.device)
         for sl, prior, projections in _query_blocks(kernel, Xq, factors):
-            var[sl] = _variance_of(prior, projections)
+            var[sl] = _variance_of(prior, projections, calibration)
+            if calibration != 1.0:
+                scale[sl] = conditional_scale(prior, _terms(prior, projections)[0], calibration).sqrt()
             weights = [w for w, _ in projections]
             blocks.append([P for _, P in projections])
         for i, weight in enumerate(weights):
             P = torch.cat([block[i] for block in blocks], dim=1)
             cov.addmm_(P.mT, P, alpha=weight)
+            if i == 0 and calibration != 1.0:
+                cov.mul_(scale.unsqueeze(0)).mul_(scale.unsqueeze(1))
         cov = 0.5 * (cov + cov.mT)
         cov.diagonal().copy_(var)
     return cov

@@ -22,6 +22,10 @@ long; for a learned GP with M = 11,241 on 1e6 rows, m = 4 M left NLPD and covera
 numbers; each rank sums the ones it holds, and the all-reduced Gram is the one process's (up to the order of
 the sums).
 
+With many rows per center the conditional term ``k(x, x) - Q(x, x)`` overstates the fitted mean's error;
+a learned GP scales it by a factor measured on its own residuals (:mod:`.calibration`), kept as
+``calibration`` (1: the formula as above).
+
 The factors of a float32 model are built and used in float64 (the inputs and the kernel are cast, the
 result rounded back): the variance is the difference of two nearly equal quadratic forms, which float32
 resolves to a few percent at best (docs/gp-workflow.md). The cost is the Gram pass at the float64 rate
@@ -49,8 +53,10 @@ from .base import (
     VarianceFactors,
     VarianceStrategy,
     factor_entries,
+    variance_terms,
     working_kernel,
 )
+from .calibration import can_shrink, estimate_calibration, split_terms
 from .none import NoVariance
 
 __all__ = [
@@ -193,10 +199,14 @@ class NystromVariance(FactoredVariance):
         The factors, when already computed (at fit, or stored in a model file).
     gram_scale:
         ``n / m`` when ``train_X`` holds ``m`` of the fit's ``n`` rows (:func:`gram_rows`), else 1.
+    calibration:
+        The factor c in ``[0, 1]`` on the conditional term (:mod:`.calibration`): 1 until :meth:`calibrate`
+        measures it.
     """
 
     kind: ClassVar[str] = "nystrom"
     factors_class: ClassVar[type] = NystromFactors
+    calibrates: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -208,7 +218,11 @@ class NystromVariance(FactoredVariance):
         shard: Any = None,
         factors: NystromFactors | None = None,
         gram_scale: float = 1.0,
+        calibration: float = 1.0,
     ):
+        if not 0.0 <= calibration <= 1.0:
+            raise ValueError(f"calibration: expected a factor in [0, 1], got {calibration!r}")
+        self.calibration = float(calibration)
         self.kernel = kernel
         self.gram_scale = float(gram_scale)
         self.centers = centers
@@ -254,6 +268,25 @@ class NystromVariance(FactoredVariance):
             if self.shard is not None:  # the collective pass runs on every rank at fit, never later on one
                 self.train_X = self.shard = None
 
+    def calibrate(self, X: Tensor, residual_square: Tensor, n: int, gather: Any = None) -> float:
+        """Measure and keep the factor c on the conditional term (:mod:`.calibration`); returns it.
+
+        ``X``: training rows; ``residual_square``: their residuals' mean square over the outputs, in the
+        units the kernel works in; ``n``: all training rows. In a distributed fit ``X`` is this rank's part of
+        the global draw and ``gather`` maps this rank's per-row table to the whole draw's (the same on every
+        rank, so every rank keeps the same c). Builds the factors first.
+        """
+        self.build()
+        if not can_shrink(n, self.centers.shape[0]):
+            self.calibration = 1.0
+            return self.calibration
+        a, b = split_terms(*variance_terms(self.kernel, X, self.factors))
+        values = torch.stack([residual_square.to(a), a, b], dim=1)
+        if gather is not None:
+            values = gather(values)
+        self.calibration = estimate_calibration(*values.unbind(1), self.noise, n, self.centers.shape[0])
+        return self.calibration
+
     def build_cost(self) -> tuple[float, int] | None:
         if self.factors is not None:
             return (0.0, 0)
@@ -265,6 +298,8 @@ class NystromVariance(FactoredVariance):
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"kind": self.kind, "centers": cpu_copy(self.centers)}
+        if self.calibration != 1.0:
+            state["calibration"] = self.calibration
         # Built factors are kept whatever their size (2 M^2 float64 numbers): a loaded model then serves its
         # std at O(M^2) a row without the m M^2 Gram pass (minutes at M = 10,000). Unbuilt ones (a fit that
         # never asked for a std) are stored as the rows they would be built from, at most
@@ -301,7 +336,23 @@ class NystromVariance(FactoredVariance):
                         f"posterior.variance.gram_scale: expected n / m >= 1 (the training rows per stored row), "
                         f"got {gram_scale!r}"
                     )
-        return cls(context.kernel, centers, context.noise, train_X=train_X, factors=factors, gram_scale=gram_scale)
+        calibration = 1.0
+        if "calibration" in state:
+            calibration = state["calibration"]
+            if isinstance(calibration, bool) or not isinstance(calibration, (int, float)) or not 0 <= calibration <= 1:
+                raise PosteriorStateError(
+                    f"posterior.variance.calibration: expected a factor in [0, 1] (kgp.variance.calibration), "
+                    f"got {calibration!r}"
+                )
+        return cls(
+            context.kernel,
+            centers,
+            context.noise,
+            train_X=train_X,
+            factors=factors,
+            gram_scale=gram_scale,
+            calibration=float(calibration),
+        )
 
     @classmethod
     def legacy_state(cls, factors: Mapping[str, Any] | None, predictor_centers: Any) -> dict[str, Any]:
