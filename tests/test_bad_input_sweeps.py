@@ -231,8 +231,8 @@ ISSUE_25 = [
     ("nystrom_factors", ("posterior", "variance", "factors", "noise"), "negative"),
     ("exact_std", ("posterior", "y_std"), "zero"),
     ("exact_std", ("posterior", "y_std"), "negate"),
-    ("nystrom_factors", ("posterior", "variance", "factors", "chol"), "zero"),
-    ("nystrom_factors", ("posterior", "variance", "factors", "chol"), "drop_row"),
+    ("nystrom_factors", ("posterior", "variance", "factors", "triangles"), "zero"),
+    ("nystrom_factors", ("posterior", "variance", "factors", "triangles"), "drop_row"),
     ("exact_std", ("posterior", "variance", "kind"), "bogus"),
     ("falkon_learned_std", ("kernel_state", "raw_outputscale"), "huge"),
     ("exact_std", ("fitted", "n_features_in"), "huge_number"),
@@ -259,12 +259,12 @@ def test_issue_25_crafted_entries_are_refused_by_name(model_files, tmp_path, nam
 # Found by the sweep (the first five failed before entry validation): refused or harmless.
 CASES = [
     pytest.param("exact_std", ("posterior", "y_std"), "negate", id="y_std<0"),
-    pytest.param("nystrom_factors", ("posterior", "variance", "factors", "chol"), "zero", id="chol=0"),
+    pytest.param("nystrom_factors", ("posterior", "variance", "factors", "triangles"), "zero", id="triangles=0"),
     pytest.param(
         "nystrom_factors",
-        ("posterior", "variance", "factors", "chol"),
+        ("posterior", "variance", "factors", "triangles"),
         "drop_row",
-        id="chol-shape",
+        id="triangles-shape",
     ),
     pytest.param("exact_std", ("fitted", "n_features_in"), "huge_number", id="n_features_in=1e12"),
     pytest.param("exact_std", ("fitted", "learning", "history"), "deep", id="nested-3000"),

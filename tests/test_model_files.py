@@ -56,7 +56,7 @@ def _load_error(path) -> str:
 def test_round_trip_is_exact_and_checksummed(saved):
     root, reg, clf = saved
     state = _state(root / "reg.pt")
-    assert state["format_version"] == 3 and state["checksum"] == io.checksum(state)
+    assert state["format_version"] == io.FORMAT_VERSION == 4 and state["checksum"] == io.checksum(state)
     np.testing.assert_array_equal(kgp.load(root / "reg.pt").predict(X), reg.predict(X))
     np.testing.assert_array_equal(kgp.load(root / "clf.pt").predict_proba(X), clf.predict_proba(X))
 
@@ -91,6 +91,32 @@ def test_a_flipped_byte_in_a_tensor_is_caught_by_the_checksum(saved, tmp_path):
         torch.load(tmp_path / "flipped.pt", weights_only=True)["posterior"]["predictor"]["alpha"] is not None
     )  # torch takes it
     assert "checksum mismatch" in _load_error(tmp_path / "flipped.pt")
+
+
+def test_large_tensors_are_hashed_by_blocks_from_version_4_and_every_byte_counts():
+    """Version 4 hashes a tensor above 16 MiB as its blocks' digests (on torch's threads): the same checksum
+    whatever the thread count, a flipped byte in any block changes it; versions 2 and 3 keep the one-stream
+    SHA-256 (the hash of the same tokens, checked here against hashlib directly)."""
+    import hashlib
+
+    big = torch.arange(5 * 2**20, dtype=torch.float64)  # 40 MiB: three blocks
+    contents = {"format_version": 4, "w": big, "name": "m"}
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = io.checksum(contents)
+    finally:
+        torch.set_num_threads(threads)
+    assert one.startswith("sha256-blocks:") and io.checksum(contents) == one
+    for position in (0, 2**24 // 8 + 3, big.numel() - 1):  # in the first, second and last block
+        flipped = big.clone()
+        flipped.view(torch.uint8)[position * 8] ^= 1
+        assert io.checksum({**contents, "w": flipped}) != one
+    old = {**contents, "format_version": 3}
+    stream = hashlib.sha256()
+    for token in io._tokens({k: v for k, v in old.items()}):
+        stream.update(token)
+    assert io.checksum(old) == "sha256:" + stream.hexdigest()
 
 
 def test_a_swapped_kernel_spec_is_caught(saved, tmp_path):

@@ -8,6 +8,7 @@ fail at ``kgp.load`` with a ModelFileError naming the entry, before any allocati
 from __future__ import annotations
 
 import copy
+import math
 import sys
 from pathlib import Path
 
@@ -99,9 +100,23 @@ def test_the_state_round_trips_exactly():
         (lambda s: s.__setitem__("offset", torch.zeros(3, dtype=torch.float64)), "posterior.offset"),
         (lambda s: s["variance"].__setitem__("kind", "bogus"), "posterior.variance.kind"),
         (lambda s: s.__setitem__("version", 7), "posterior.version"),
-        (lambda s: s["variance"]["factors"]["chol"].diagonal().__setitem__(0, 0.0), "posterior.variance.factors.chol"),
-        (lambda s: s["variance"]["factors"].__setitem__("chol", torch.eye(5)), "posterior.variance.factors.chol"),
-        (lambda s: s["variance"]["factors"].__setitem__("chol_s", torch.ones(10, 10)), "factors.chol_s"),
+        (
+            lambda s: s["variance"]["factors"]["triangles"].diagonal().__setitem__(0, 0.0),
+            "posterior.variance.factors.triangles",
+        ),
+        (
+            lambda s: s["variance"]["factors"].__setitem__("triangles", torch.eye(5, dtype=torch.float64)),
+            "posterior.variance.factors.triangles",
+        ),
+        (lambda s: s["variance"]["factors"]["triangles"].__setitem__((2, 7), math.nan), "factors.triangles"),
+        (lambda s: s["variance"]["factors"].__setitem__("chol_s_diagonal", torch.ones(10, 10)), "chol_s_diagonal"),
+        (lambda s: s["variance"]["factors"]["chol_s_diagonal"].__setitem__(4, -1.0), "chol_s_diagonal"),
+        (
+            lambda s: s["variance"]["factors"].__setitem__(
+                "chol_s_diagonal", s["variance"]["factors"]["chol_s_diagonal"].float()
+            ),
+            "chol_s_diagonal",
+        ),
         (lambda s: s["variance"]["factors"].__setitem__("kind", "exact"), "posterior.variance.factors.kind"),
         (lambda s: s["variance"].__setitem__("centers", torch.zeros(10, 2)), "posterior.variance.centers"),
     ],
@@ -162,13 +177,13 @@ def saved_gp(tmp_path_factory):
         ("gp.pt", lambda s: s["posterior"]["variance"].__setitem__("kind", "bogus"), "posterior.variance.kind"),
         (
             "falkon.pt",
-            lambda s: s["posterior"]["variance"]["factors"]["chol"].diagonal().__setitem__(3, 0.0),
-            "posterior.variance.factors.chol",
+            lambda s: s["posterior"]["variance"]["factors"]["triangles"].diagonal().__setitem__(3, 0.0),
+            "posterior.variance.factors.triangles",
         ),
         (
             "falkon.pt",
-            lambda s: s["posterior"]["variance"]["factors"].__setitem__("chol", torch.eye(4, dtype=torch.float64)),
-            "posterior.variance.factors.chol: expected a matrix of shape (10, 10)",
+            lambda s: s["posterior"]["variance"]["factors"].__setitem__("triangles", torch.eye(4, dtype=torch.float64)),
+            "posterior.variance.factors.triangles: expected a matrix of shape (10, 10)",
         ),
         (
             "gp.pt",
@@ -270,6 +285,83 @@ def test_a_model_file_keeps_built_nystrom_factors_else_the_rows(tmp_path, center
     loaded = kgp.load(tmp_path / "m.pt")
     assert loaded.posterior_.variance.built == ask_std
     np.testing.assert_allclose(loaded.predict(XQ, return_std=True)[1], std, rtol=1e-12)
+
+
+def test_the_nystrom_factors_are_one_array_that_solves_as_both_cholesky_factors():
+    """``triangles`` + ``chol_s_diagonal`` give the two projections of the DTC variance that separate factors
+    of ``K_MM`` and ``noise K_MM + K_Mn K_nM`` (numpy's Cholesky, dense) give, and the model holds and stores
+    one M x M array and an M-vector, not two M x M ones."""
+    from kgp.variance.nystrom import nystrom_factors
+
+    model = kgp.KernelRegressor("rbf", lengthscale=0.3, noise=NOISE, solver="falkon", n_centers=700, random_state=0)
+    Xt = np.concatenate([X, rng.uniform(-2, 2, size=(1200, 3))])  # M = 700 > one 512-column panel of the fold
+    Yt = np.sin(Xt @ np.array([1.0, 0.5, -0.7]))
+    model.fit(Xt, Yt)
+    Z = model.posterior_.variance.centers
+    factors = nystrom_factors(model.kernel_, torch.from_numpy(Xt), Z, NOISE)
+    kernel = model.kernel_
+    with torch.no_grad():
+        kzz = kernel(Z).to_dense().numpy()
+        kzn = kernel(Z, torch.from_numpy(Xt)).to_dense().numpy()
+        kx = kernel(Z, torch.from_numpy(XQ)).to_dense()
+    L = np.linalg.cholesky(kzz)
+    L_s = np.linalg.cholesky(NOISE * kzz + kzn @ kzn.T)
+    (w0, P0), (w1, P1) = factors.projections(kx.clone())
+    assert (w0, w1) == (-1.0, NOISE)
+    # relative to the solves' scale, with the condition numbers of the two factors (rounding of both sides)
+    for P, F in ((P0, L), (P1, L_s)):
+        ref = np.linalg.solve(F, kx.numpy())
+        cond = np.linalg.cond(F)
+        np.testing.assert_allclose(P.numpy(), ref, rtol=0, atol=100 * cond * np.finfo(float).eps * np.abs(ref).max())
+    assert factors.triangles.shape == (700, 700) and factors.chol_s_diagonal.shape == (700,)
+    np.testing.assert_allclose(factors.chol_s_diagonal.numpy(), np.diag(L_s), rtol=1e-8)
+
+
+def test_files_of_format_version_3_still_load():
+    """A file with the two square factors (``chol``, ``chol_s``; kgp's format version 3) loads, folds them and
+    predicts the std it was saved with; their entries are still checked by name."""
+    expected = np.load(DATA / "model_v3_expected.npz")
+    path = DATA / "model_v3_falkon_std.pt"
+    state = torch.load(path, weights_only=True)
+    assert state["format_version"] == 3 and {"chol", "chol_s"} <= set(state["posterior"]["variance"]["factors"])
+    model = kgp.load(path)
+    mean, std = model.predict(expected["Xq"], return_std=True)
+    np.testing.assert_allclose(mean, expected["reg_mean"], rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(std, expected["reg_std"], rtol=1e-10, atol=1e-14)
+    factors = state["posterior"]["variance"]["factors"]
+    factors["chol_s"][0, 5] = 1.0  # not lower triangular
+    with pytest.raises(PosteriorStateError, match=r"posterior\.variance\.factors\.chol_s"):
+        Posterior.from_state(
+            state["posterior"],
+            model.kernel_,
+            kgp.KernelExpansion,
+            n_features=2,
+            n_outputs=1,
+            device=torch.device("cpu"),
+            dtype=torch.float64,
+        )
+
+
+@pytest.mark.parametrize("mapped", [True, False], ids=["mapped", "read"])
+def test_a_loaded_model_does_not_read_its_file_again(tmp_path, monkeypatch, mapped):
+    """The file is mapped (or read) and its tensors copied: a model loaded from it predicts the same after the
+    file is overwritten in place (``cp other.kgp model.kgp`` keeps the inode) or truncated."""
+    model = kgp.KernelRegressor("rbf", lengthscale=0.8, noise=NOISE, solver="falkon", n_centers=40, random_state=0)
+    model.fit(X, Y).predict(XQ[:1], return_std=True)
+    path = tmp_path / "m.kgp"
+    model.save(path)
+    if not mapped:  # a system without /proc/self/fd: torch reads the open file
+        monkeypatch.setattr(io, "_OPEN_FILE_PATH", str(tmp_path / "absent" / "{}"))
+    loaded = kgp.load(path)
+    size = path.stat().st_size
+    with open(path, "r+b") as fh:  # same inode: a mapping would now see these bytes
+        fh.write(b"\xff" * size)
+    mean, std = loaded.predict(XQ, return_std=True)
+    with open(path, "r+b") as fh:
+        fh.truncate(0)  # a mapping's pages past the end would now fault (SIGBUS)
+    np.testing.assert_array_equal(loaded.predict(XQ, return_std=True)[1], std)
+    np.testing.assert_array_equal(mean, model.predict(XQ))
+    np.testing.assert_array_equal(std, model.predict(XQ, return_std=True)[1])
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a torch without CUDA")

@@ -22,8 +22,8 @@ the fit's dtype:
   ``K_MM`` and its two triangular factors at its peak on the CPU);
 * **variance** -- the predictive variance's ``M x M`` arrays (``variance_arrays``: the Gram and ``K_MM``, each
   factored over itself, :func:`kgp.variance.nystrom.nystrom_factors`) and its row blocks; the factor a learned
-  fit then measures (:mod:`kgp.variance.calibration`) holds the two factors and the std's query blocks, which
-  the same budget plans, so it adds no phase above this one.
+  fit then measures (:mod:`kgp.variance.calibration`) holds the factors (one ``M x M`` array once built) and
+  the std's query blocks, which the same budget plans, so it adds no phase above this one.
 
 Measured on the CPU (float64, FALKON, fixed hyperparameters, the resident anonymous memory of the process
 sampled every 2 ms): n = 60,000, d = 4, M = 800: peak +407 MB (estimate 419 MB); n = 20,000, d = 4,

@@ -444,7 +444,7 @@ def finish(
                     ConvergenceWarning,
                     stacklevel=4,
                 )
-        if posterior.variance.calibrates and posterior.variance.built:
+        if posterior.variance.built and posterior.variance.can_calibrate(rows.n):
             with monitor.stage("variance calibration"):
                 calibrate_variance(posterior, rows)
     return FitResult(posterior, centers, learned, list(monitor.history))

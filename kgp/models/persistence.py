@@ -1,4 +1,4 @@
-"""Model files: the contents an estimator writes (format version 3) and the estimator rebuilt from them.
+"""Model files: the contents an estimator writes (format version 4) and the estimator rebuilt from them.
 
 Layout (tensors and plain values only; the container, version and checksum are :mod:`kgp.io`'s)::
 
@@ -14,7 +14,8 @@ Layout (tensors and plain values only; the container, version and checksum are :
                   (every entry that shapes a prediction or its std is checked together)
 
 Every entry is checked before anything it sizes is allocated (:func:`check_contents`); files of format
-versions 1 and 2 (kgp before the Posterior) are read through :func:`upgrade`.
+versions 1 and 2 (kgp before the Posterior) are read through :func:`upgrade`; version 3 differs from 4 only in
+the Nystrom variance's factors (two square arrays, folded on loading by :mod:`kgp.variance.nystrom`).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ _MAX_SPEC_DEPTH = 32  # kernels nest a few levels (Scale(Product(...))); deeper 
 
 
 def save_model(model: Any, path) -> None:
-    """Write the fitted ``model`` to ``path`` (format version 3, see the module docstring)."""
+    """Write the fitted ``model`` to ``path`` (format version 4, see the module docstring)."""
     params = {name: getattr(model, name) for name in PLAIN_PARAMS}
     params["learn_options"] = _plain_learn_options(model.learn_options)
     params["kernel"] = model.kernel if isinstance(model.kernel, str) else None

@@ -150,14 +150,19 @@ class LoadContext:
 class VarianceFactors(abc.ABC):
     """What a factored variance needs besides the kernel: stored points and lower Cholesky factors.
 
-    Subclasses are dataclasses with at least ``points`` (``p x d``), ``chol`` (``p x p``) and ``noise``
-    (sigma^2); ``kind`` is the tag their :meth:`state_dict` carries.
+    Subclasses are dataclasses with at least ``points`` (``p x d``) and ``noise`` (sigma^2), and say in
+    :attr:`dtype` which dtype their factors (and so the variance's arithmetic) are in; ``kind`` is the tag
+    their :meth:`state_dict` carries.
     """
 
     kind: ClassVar[str]
     points: Tensor
-    chol: Tensor
     noise: float
+
+    @property
+    @abc.abstractmethod
+    def dtype(self) -> torch.dtype:
+        """The factors' dtype: the variance is computed in it."""
 
     @abc.abstractmethod
     def projections(self, kx: Tensor) -> list[tuple[float, Tensor]]:
@@ -227,8 +232,13 @@ class VarianceStrategy(abc.ABC):
         """Take factors the solver computed anyway (:class:`kgp.plugin.Solution`); False where they do not fit."""
         return False
 
-    calibrates: ClassVar[bool] = False
-    """Whether :meth:`calibrate` measures a factor (the Nystrom variance, :mod:`kgp.variance.calibration`)."""
+    def can_calibrate(self, n: int) -> bool:
+        """Whether :meth:`calibrate` could move the variance of a fit on ``n`` training rows (all ranks').
+
+        False (the default) where the kind has no factor, or where the factor would stay 1 whatever the
+        residuals (the Nystrom variance with ``n <= 2 M``): the fit then skips the residuals' pass.
+        """
+        return False
 
     def calibrate(self, X: Tensor, residual_square: Tensor, n: int, gather: Any = None) -> float:
         """Measure the variance's calibration on training rows ``X`` with residuals' mean squares ``residual_square``.
@@ -368,7 +378,7 @@ def _query_blocks(
 ) -> Iterator[tuple[slice, Tensor, list[tuple[float, Tensor]]]]:
     """Per block of query rows (in the factors' dtype): the rows, their prior ``k(x, x)`` and the projections."""
     p = factors.points.shape[0]
-    work = factors.chol.dtype
+    work = factors.dtype
     # p x b cross-kernel block plus two solves of the same size per query block
     rows = plan_block_rows(Xq.shape[0], p, work.itemsize, 3, device=Xq.device)
     for sl in row_slices(0, Xq.shape[0], rows):
@@ -378,14 +388,19 @@ def _query_blocks(
         yield sl, prior, factors.projections(kx)
 
 
-def _variance_of(prior: Tensor, projections: list[tuple[float, Tensor]], calibration: float = 1.0) -> Tensor:
+def _variance_of(
+    prior: Tensor, projections: list[tuple[float, Tensor]], calibration: float = 1.0
+) -> tuple[Tensor, Tensor | None]:
+    """Per row: the variance, clamped at 0, and the conditional term's scale ``g`` (None when c = 1)."""
     conditional, rest = _terms(prior, projections)
-    var = conditional if calibration == 1.0 else conditional * conditional_scale(prior, conditional, calibration)
-    if rest is not None:
-        var = var + rest
+    scale = None
+    if calibration != 1.0:
+        scale = conditional_scale(prior, conditional, calibration)
+        conditional = conditional * scale
+    var = conditional if rest is None else conditional + rest
     # rounding can leave a variance slightly negative where the data pin f down; scikit-learn's
     # GaussianProcessRegressor clamps (and warns) too: the clamp removes only noise below eps * k(x, x)
-    return var.clamp_min(0.0)
+    return var.clamp_min(0.0), scale
 
 
 def _terms(prior: Tensor, projections: list[tuple[float, Tensor]]) -> tuple[Tensor, Tensor | None]:
@@ -404,7 +419,7 @@ def variance_terms(kernel: gpytorch.kernels.Kernel, Xq: Tensor, factors: Varianc
 
     The terms :func:`latent_variance` combines, unclamped, for :mod:`kgp.variance.calibration`.
     """
-    work = factors.chol.dtype
+    work = factors.dtype
     kernel = working_kernel(kernel, work)
     q = Xq.shape[0]
     prior_all, conditional_all, rest_all = (torch.zeros(q, dtype=work, device=Xq.device) for _ in range(3))
@@ -427,10 +442,10 @@ def latent_variance(
     conditional term (i = 0) is scaled by :func:`kgp.variance.calibration.conditional_scale`.
     """
     out = torch.empty(Xq.shape[0], dtype=Xq.dtype, device=Xq.device)
-    kernel = working_kernel(kernel, factors.chol.dtype)
+    kernel = working_kernel(kernel, factors.dtype)
     with torch.no_grad():
         for sl, prior, projections in _query_blocks(kernel, Xq, factors):
-            out[sl] = _variance_of(prior, projections, calibration)
+            out[sl] = _variance_of(prior, projections, calibration)[0]
     return out
 
 
@@ -444,7 +459,7 @@ def latent_covariance(
     ``calibration`` c below 1 the conditional part ``K(Xq, Xq) + w_0 P_0^T P_0`` is scaled to
     ``G^{1/2} (.) G^{1/2}`` (:mod:`kgp.variance.calibration`), which keeps it positive semi-definite.
     """
-    work = factors.chol.dtype
+    work = factors.dtype
     kernel = working_kernel(kernel, work)
     q = Xq.shape[0]
     with torch.no_grad():
@@ -455,9 +470,9 @@ def latent_covariance(
         weights: list[float] = []
         scale = torch.ones(q, dtype=work, device=Xq.device)
         for sl, prior, projections in _query_blocks(kernel, Xq, factors):
-            var[sl] = _variance_of(prior, projections, calibration)
-            if calibration != 1.0:
-                scale[sl] = conditional_scale(prior, _terms(prior, projections)[0], calibration).sqrt()
+            var[sl], block_scale = _variance_of(prior, projections, calibration)
+            if block_scale is not None:
+                scale[sl] = block_scale.sqrt()
             weights = [w for w, _ in projections]
             blocks.append([P for _, P in projections])
         for i, weight in enumerate(weights):

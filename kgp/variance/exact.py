@@ -46,6 +46,10 @@ class ExactFactors(VarianceFactors):
     chol: Tensor
     noise: float
 
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.chol.dtype
+
     def projections(self, kx: Tensor) -> list[tuple[float, Tensor]]:
         return [(-1.0, torch.linalg.solve_triangular(self.chol, kx, upper=False))]
 

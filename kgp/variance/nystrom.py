@@ -29,7 +29,7 @@ a learned GP scales it by a factor measured on its own residuals (:mod:`.calibra
 The factors of a float32 model are built and used in float64 (the inputs and the kernel are cast, the
 result rounded back): the variance is the difference of two nearly equal quadratic forms, which float32
 resolves to a few percent at best (docs/gp-workflow.md). The cost is the Gram pass at the float64 rate
-and 2 M^2 float64 numbers.
+and M^2 + M float64 numbers (both factors share one array, :class:`NystromFactors`).
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ __all__ = [
     "GRAM_ROWS_PER_CENTER",
     "NystromFactors",
     "NystromVariance",
+    "fold_factors",
     "gram_rows",
     "gram_subset",
     "nystrom_factors",
@@ -114,28 +115,62 @@ def gram_rows(X: Tensor, n_centers: int, shard: Any = None) -> tuple[Tensor, flo
 
 @dataclass
 class NystromFactors(VarianceFactors):
-    """``chol`` = lower Cholesky factor of ``K_MM`` and ``chol_s`` of ``noise K_MM + K_Mn K_nM``, on ``points`` = Z."""
+    """The two Cholesky factors of the DTC variance on ``points`` = Z, in one ``M x M`` array.
+
+    With ``L L^T = K_MM`` and ``L_s L_s^T = noise K_MM + K_Mn K_nM``, written ``L_s = U diag(s)`` (U unit
+    lower triangular, s = ``chol_s_diagonal``): ``triangles`` holds L on and below its diagonal and
+    ``U^T``'s strict upper triangle above it. Each triangular solve reads only its own triangle, so one array
+    serves both: ``L^{-1} k`` from the lower one, ``L_s^{-1} k = diag(s)^{-1} U^{-1} k`` from the upper one
+    read as ``U`` (the transposed view, unit diagonal). Half of two square factors' memory, model file and
+    checksum, at the cost of rounding U's entries once (a relative perturbation of one unit in the last place,
+    the size of the factorisation's own).
+    """
 
     kind: ClassVar[str] = "nystrom"
     points: Tensor
-    chol: Tensor
-    chol_s: Tensor
+    triangles: Tensor
+    chol_s_diagonal: Tensor
     noise: float
 
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.triangles.dtype
+
     def projections(self, kx: Tensor) -> list[tuple[float, Tensor]]:
-        return [
-            (-1.0, torch.linalg.solve_triangular(self.chol, kx, upper=False)),
-            (self.noise, torch.linalg.solve_triangular(self.chol_s, kx, upper=False)),
-        ]
+        conditional = torch.linalg.solve_triangular(self.triangles, kx, upper=False)
+        data = torch.linalg.solve_triangular(self.triangles.mT, kx, upper=False, unitriangular=True)
+        return [(-1.0, conditional), (self.noise, data.div_(self.chol_s_diagonal.unsqueeze(1)))]
 
     def state_dict(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
             "points": self.points,
-            "chol": self.chol,
+            "triangles": self.triangles,
+            "chol_s_diagonal": self.chol_s_diagonal,
             "noise": float(self.noise),
-            "chol_s": self.chol_s,
         }
+
+
+_FOLD_COLUMNS = 512
+"""Columns of ``L_s`` folded at a time by :func:`fold_factors`: a 512 x M temporary instead of an M x M one."""
+
+
+def fold_factors(chol: Tensor, chol_s: Tensor) -> tuple[Tensor, Tensor]:
+    """``(triangles, chol_s_diagonal)`` of :class:`NystromFactors` from two lower Cholesky factors.
+
+    ``chol``'s strict upper triangle is overwritten (``chol`` becomes ``triangles``); ``chol_s`` is only read
+    (its lower triangle) and may be dropped afterwards.
+    """
+    m = chol.shape[0]
+    diagonal = chol_s.diagonal().clone()
+    for start in range(0, m, _FOLD_COLUMNS):
+        stop = min(start + _FOLD_COLUMNS, m)
+        # rows start..stop of U^T, columns start..m: U[c, r] = L_s[c, r] / s_r for c > r
+        block = (chol_s[start:, start:stop] / diagonal[start:stop]).mT
+        upper = torch.ones_like(block, dtype=torch.bool).triu(diagonal=1)
+        target = chol[start:stop, start:]
+        target.copy_(torch.where(upper, block, target))
+    return chol, diagonal
 
 
 def nystrom_factors(
@@ -147,7 +182,7 @@ def nystrom_factors(
     gram_scale: float = 1.0,
 ) -> NystromFactors:
     """Cholesky factors of ``K_MM`` and ``noise K_MM + gram_scale K_Mn K_nM`` (one streamed pass over X),
-    float64 for float32.
+    float64 for float32, folded into one array (:class:`NystromFactors`).
 
     ``shard``: in a distributed fit, ``X`` is this rank's rows and ``K_Mn K_nM`` is summed over all
     ranks' rows (one all-reduce of ``M x M``); every rank then holds the same factors. ``gram_scale``:
@@ -175,7 +210,9 @@ def nystrom_factors(
         remedy = "use fewer or better-spread centers (n_centers) or a larger noise"
         L = psd_cholesky_in_place(kmm, max_tries=12, what="K_MM of the centers", remedy=remedy)
         L_s = psd_cholesky_in_place(S, max_tries=12, what="noise*K_MM + K_Mn K_nM", remedy=remedy)
-    return NystromFactors(Z, L, L_s, noise)
+        triangles, diagonal = fold_factors(L, L_s)
+        del S, L_s  # the second square array goes: the factors hold one
+    return NystromFactors(Z, triangles, diagonal, noise)
 
 
 class NystromVariance(FactoredVariance):
@@ -206,7 +243,6 @@ class NystromVariance(FactoredVariance):
 
     kind: ClassVar[str] = "nystrom"
     factors_class: ClassVar[type] = NystromFactors
-    calibrates: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -268,6 +304,9 @@ class NystromVariance(FactoredVariance):
             if self.shard is not None:  # the collective pass runs on every rank at fit, never later on one
                 self.train_X = self.shard = None
 
+    def can_calibrate(self, n: int) -> bool:
+        return can_shrink(n, self.centers.shape[0])
+
     def calibrate(self, X: Tensor, residual_square: Tensor, n: int, gather: Any = None) -> float:
         """Measure and keep the factor c on the conditional term (:mod:`.calibration`); returns it.
 
@@ -293,14 +332,14 @@ class NystromVariance(FactoredVariance):
         if self.train_X is None:
             return None
         n, m = self.train_X.shape[0], self.centers.shape[0]
-        # the Gram pass K_Mn K_nM and two M x M factors, float64 (module docstring)
+        # the Gram pass K_Mn K_nM and two M x M factors (their peak: the Gram and K_MM), float64 (module docstring)
         return (n * m * m + m**3, 16 * m * m)
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"kind": self.kind, "centers": cpu_copy(self.centers)}
         if self.calibration != 1.0:
             state["calibration"] = self.calibration
-        # Built factors are kept whatever their size (2 M^2 float64 numbers): a loaded model then serves its
+        # Built factors are kept whatever their size (M^2 + M float64 numbers): a loaded model then serves its
         # std at O(M^2) a row without the m M^2 Gram pass (minutes at M = 10,000). Unbuilt ones (a fit that
         # never asked for a std) are stored as the rows they would be built from, at most
         # max(GRAM_ROWS_PER_CENTER M, GRAM_MIN_ROWS) of them.
@@ -362,8 +401,33 @@ class NystromVariance(FactoredVariance):
 
 
 def _factors_from_state(raw: Any, context: LoadContext) -> NystromFactors:
-    points, factors, noise = factor_entries(raw, context, NystromFactors.kind, ("chol", "chol_s"))
-    chol, chol_s = factors["chol"], factors["chol_s"]
+    """The checked factors of a model file: ``triangles`` and ``chol_s_diagonal`` (:class:`NystromFactors`),
+    or the two square factors ``chol`` and ``chol_s`` that files of format version 3 and before hold (folded
+    on loading)."""
+    check = context.check
+    state = check.mapping(raw, "variance.factors")
+    if "triangles" not in state:
+        points, squares, noise = factor_entries(raw, context, NystromFactors.kind, ("chol", "chol_s"))
+        triangles, diagonal = fold_factors(squares["chol"].clone(), squares["chol_s"])
+    else:
+        points, arrays, noise = factor_entries(raw, context, NystromFactors.kind, ())
+        p = points.shape[0]
+        triangles = check.matrix(state.get("triangles"), "variance.factors.triangles", rows=p, cols=p)
+        if not bool((triangles.diagonal() > 0).all()):
+            raise PosteriorStateError(
+                "posterior.variance.factors.triangles: expected the Cholesky factor of K_MM on and below the "
+                "diagonal, with a positive diagonal"
+            )
+        diagonal = check.vector(state.get("chol_s_diagonal"), "variance.factors.chol_s_diagonal", (p,))
+        if not bool((diagonal > 0).all()):
+            raise PosteriorStateError(
+                "posterior.variance.factors.chol_s_diagonal: expected the positive diagonal of a Cholesky factor"
+            )
+        if diagonal.dtype != triangles.dtype:
+            raise PosteriorStateError(
+                f"posterior.variance.factors.chol_s_diagonal: expected the dtype of factors.triangles "
+                f"({triangles.dtype}), got {diagonal.dtype}"
+            )
     # the factors were built with the posterior's noise: a file where the two differ was edited
     if not math.isclose(noise, context.noise, rel_tol=1e-12):
         raise PosteriorStateError(
@@ -371,6 +435,6 @@ def _factors_from_state(raw: Any, context: LoadContext) -> NystromFactors:
             f"are built with it), got {noise!r}"
         )
     # a float32 model's factors are float64 (module docstring): keep what the file holds if it is wider
-    work = torch.float64 if chol.dtype == torch.float64 else context.dtype
+    work = torch.float64 if triangles.dtype == torch.float64 else context.dtype
     to = {"device": context.device, "dtype": work}
-    return NystromFactors(points.to(**to), chol.to(**to), chol_s.to(**to), noise)
+    return NystromFactors(points.to(**to), triangles.to(**to), diagonal.to(**to), noise)
