@@ -149,6 +149,9 @@ model = kgp.load(sys.argv[1])
 loaded = time.perf_counter()
 mean, std = model.predict(np.load(sys.argv[2]), return_std=True)
 done = time.perf_counter()
+if len(sys.argv) > 3:  # a file for the std (benchmarks/bench_model_file.py compares two versions' std)
+    np.save(sys.argv[3], std)
+print(kgp.__file__)
 print(imported - start, loaded - imported, done - loaded)
 """
 

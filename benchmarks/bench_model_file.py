@@ -32,6 +32,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_large import LOAD_SCRIPT as SERVE  # noqa: E402  (import, load, std in a fresh process)
 from bench_large import cpu_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,20 +40,6 @@ ROOT = Path(__file__).resolve().parents[1]
 RESAVE = """
 import sys, kgp
 kgp.load(sys.argv[1]).save(sys.argv[2])
-"""
-
-SERVE = """
-import sys, time
-start = time.perf_counter()
-import numpy as np, kgp
-imported = time.perf_counter()
-model = kgp.load(sys.argv[1])
-loaded = time.perf_counter()
-mean, std = model.predict(np.load(sys.argv[2]), return_std=True)
-done = time.perf_counter()
-np.save(sys.argv[3], std)
-print(kgp.__file__)
-print(imported - start, loaded - imported, done - loaded)
 """
 
 

@@ -28,6 +28,19 @@ XQ = rng.uniform(-2.5, 2.5, size=(25, 3))
 NOISE = 0.05
 
 
+def _rebuild(state, kernel, n_features):
+    """A float64 CPU posterior of one output over a kernel expansion, from its state."""
+    return Posterior.from_state(
+        state,
+        kernel,
+        kgp.KernelExpansion,
+        n_features=n_features,
+        n_outputs=1,
+        device=torch.device("cpu"),
+        dtype=torch.float64,
+    )
+
+
 def _dense_exact(Xt, y, Xq, lengthscale, noise):
     def k(a, b):
         return np.exp(-0.5 * ((a[:, None, :] - b[None, :, :]) ** 2).sum(-1) / lengthscale**2)
@@ -78,15 +91,7 @@ def test_the_state_round_trips_exactly():
     post = model.posterior_
     state = post.state_dict()
     assert state["version"] == 1 and "factors" in state["variance"] and "train_X" not in state["variance"]
-    rebuilt = Posterior.from_state(
-        state,
-        post.kernel,
-        kgp.KernelExpansion,
-        n_features=3,
-        n_outputs=1,
-        device=torch.device("cpu"),
-        dtype=torch.float64,
-    )
+    rebuilt = _rebuild(state, post.kernel, n_features=3)
     Xq = torch.from_numpy(XQ)
     assert torch.equal(rebuilt.mean(Xq), post.mean(Xq)) and torch.equal(rebuilt.std(Xq), post.std(Xq))
 
@@ -127,15 +132,7 @@ def test_each_entry_of_a_posterior_state_is_checked(edit, entry):
     state = copy.deepcopy(model.posterior_.state_dict())
     edit(state)
     with pytest.raises(PosteriorStateError, match=entry.replace(".", r"\.")):
-        Posterior.from_state(
-            state,
-            model.kernel_,
-            kgp.KernelExpansion,
-            n_features=3,
-            n_outputs=1,
-            device=torch.device("cpu"),
-            dtype=torch.float64,
-        )
+        _rebuild(state, model.kernel_, n_features=3)
 
 
 # ---------------------------------------------------------------------- forged model files
@@ -331,15 +328,7 @@ def test_files_of_format_version_3_still_load():
     factors = state["posterior"]["variance"]["factors"]
     factors["chol_s"][0, 5] = 1.0  # not lower triangular
     with pytest.raises(PosteriorStateError, match=r"posterior\.variance\.factors\.chol_s"):
-        Posterior.from_state(
-            state["posterior"],
-            model.kernel_,
-            kgp.KernelExpansion,
-            n_features=2,
-            n_outputs=1,
-            device=torch.device("cpu"),
-            dtype=torch.float64,
-        )
+        _rebuild(state["posterior"], model.kernel_, n_features=2)
 
 
 @pytest.mark.parametrize("mapped", [True, False], ids=["mapped", "read"])
