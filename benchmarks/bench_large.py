@@ -320,11 +320,18 @@ def ratio(a, b) -> str:
     return f"{a / b:.2f}" if a is not None and b not in (None, 0) else "-"
 
 
+def _served_cells(served: dict | None) -> str:
+    """`` file GB | load + std s |`` of a saved model (``--save``: :func:`time_served_std`), else blank cells."""
+    if served is None:
+        return " | |"
+    return f" {served['file_bytes'] / 1e9:.2f} | {served['load_seconds'] + served['std_seconds']:.2f} |"
+
+
 def table(rows: list[dict]) -> str:
     head = (
         "| n | d | run | M | fit s | CPU s | RMSE | excess | NLPD | cov. 95% | peak RSS GB | "
-        "excess / SVGP | RMSE / SVGP | NLPD - SVGP | time / SVGP |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "excess / SVGP | RMSE / SVGP | NLPD - SVGP | time / SVGP | file GB | load + std s |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     lines = []
     for row in rows:
@@ -346,6 +353,7 @@ def table(rows: list[dict]) -> str:
                     if mine
                     else "| | | |"
                 )
+                + _served_cells(r.get("served"))
             )
     return head + "\n".join(lines)
 

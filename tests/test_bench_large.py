@@ -75,6 +75,9 @@ def test_quick_run_prints_the_table(bench, tmp_path, capsys, monkeypatch):
     cells = [c.strip() for c in lines[0].split("|")[1:-1]]
     assert float(cells[5]) == pytest.approx(row["kgp"]["fit_cpu_seconds"], abs=0.06)
     assert float(cells[11]) == pytest.approx(row["kgp"]["excess"] / row["svgp"]["excess"], abs=0.006)
+    assert float(cells[15]) == pytest.approx(served["file_bytes"] / 1e9, abs=0.006)
+    assert float(cells[16]) == pytest.approx(served["load_seconds"] + served["std_seconds"], abs=0.006)
+    assert [c.strip() for c in lines[1].split("|")[1:-1]][15:] == ["", ""]  # SVGP saves no model
     assert json.loads(log.read_text().splitlines()[-1])["kgp"]["rmse"] == pytest.approx(row["kgp"]["rmse"])
 
 
