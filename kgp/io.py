@@ -315,7 +315,7 @@ def read_model(path: str | os.PathLike) -> dict[str, Any]:
             raise ModelFileError(f"{path}: not a kgp model file (not a torch zip archive)")
         _check_declared_sizes(fh, path)
         fh.seek(0)
-        state = _copied(_load_archive(fh, path))
+        state = _load_archive(fh, path)
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise ModelFileError(f"{path}: not a kgp model file (no '{FORMAT}' format tag)")
     version = state.get("format_version")
@@ -350,10 +350,12 @@ def _load_archive(fh: IO[bytes], path: Any) -> Any:
     use. Elsewhere torch reads the open file.
     """
     same_file = Path(_OPEN_FILE_PATH.format(fh.fileno()))
+    mapped = same_file.exists()
     try:
-        if same_file.exists():
-            return torch.load(same_file, map_location="cpu", weights_only=True, mmap=True)
-        return torch.load(fh, map_location="cpu", weights_only=True)
+        if mapped:
+            state = torch.load(same_file, map_location="cpu", weights_only=True, mmap=True)
+        else:
+            state = torch.load(fh, map_location="cpu", weights_only=True)  # already in memory of its own
     except pickle.UnpicklingError:
         # torch's message suggests weights_only=False, i.e. running the file's code: never pass that on
         raise ModelFileError(
@@ -365,6 +367,8 @@ def _load_archive(fh: IO[bytes], path: Any) -> Any:
             f"{path}: cannot be read as a kgp model file: not one, or truncated or corrupted "
             f"({type(exc).__name__}: {one_line(exc)})"
         ) from None
+    # outside the handlers above: a file nested too deeply fails here with RecursionError (kgp.load names it)
+    return _copied(state) if mapped else state
 
 
 def _copied(value: Any) -> Any:
