@@ -1,4 +1,5 @@
-"""solver='auto': FALKON's center cap from the device's float64 rate (measured once, or pinned by a setting)."""
+"""solver='auto': FALKON's center caps, from the device's float64 rate (measured once, or pinned by a
+setting) and from FALKON's passes over the rows (no rate)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,16 @@ import sys
 import numpy as np
 import pytest
 import torch
+from kgp_builtins.falkon.solver import FalkonSolver
 from kgp_builtins.recipes.rule import (
+    FALKON_PASSES,
     MAX_CENTERS,
     REFERENCE_FLOPS,
     SETUP_SECONDS,
+    SETUP_SHARE,
     center_caps,
+    passes_cap,
+    passes_flops,
     setup_flops,
     time_cap,
 )
@@ -67,6 +73,55 @@ def test_the_time_cap_grows_as_the_cube_root_of_the_rate_from_a_floor_of_max_cen
     assert caps == sorted(caps) and caps[2] == 22_000  # 8x the rate: twice the centers
 
 
+def _balanced_centers(n: int, d: int) -> float:
+    """Closed form of the passes cap above M = 5,000, where the setup is (5 / 3 + 8) M^3 flops: the M with
+    29 / 3 M^3 = 0.5 x 21 n M (3 d + 65)."""
+    return math.sqrt(0.5 * 21 * n * (3 * d + 65) / (29 / 3))
+
+
+@pytest.mark.parametrize(("n", "d"), [(10**7, 8), (10**6, 28), (2 * 10**6, 8), (10**8, 8), (10**7, 28)])
+def test_the_passes_cap_balances_the_setup_against_half_of_falkons_passes(n, d):
+    assert passes_cap(n, d) == int(_balanced_centers(n, d)) // 1_000 * 1_000
+    cap = passes_cap(n, d)
+    assert setup_flops(cap) <= SETUP_SHARE * passes_flops(n, d, cap)
+    assert setup_flops(cap + 1_000) > SETUP_SHARE * passes_flops(n, d, cap + 1_000)
+
+
+def test_falkon_passes_are_its_default_iterations_and_the_right_hand_side():
+    assert FALKON_PASSES == FalkonSolver.option_defaults["maxiter"].default + 1
+
+
+def test_the_passes_cap_grows_with_n_and_d_and_leaves_the_measured_sets_to_the_time_cap():
+    caps = [passes_cap(n, 8) for n in (10**4, 10**5, 10**6, 10**7, 10**8)]
+    assert caps == sorted(caps) and caps[-1] > caps[-2] > caps[-3]
+    assert passes_cap(10**6, 28) > passes_cap(10**6, 8)
+    assert passes_cap(10, 8) == 0  # no whole thousand of centers is paid for by 10 rows
+    # the six UCI sets (12,000-39,000 rows, d <= 81), airline (219,082 x 8) and 1e6 rows at d <= 8: the passes
+    # cap is below MAX_CENTERS, so the centers are what the time and memory caps gave before it
+    for n, d in [(39_000, 81), (219_082, 8), (10**6, 8), (1_300_000, 8)]:
+        assert passes_cap(n, d) < MAX_CENTERS
+        for flops in (None, REFERENCE_FLOPS, 1.6 * REFERENCE_FLOPS, 100 * REFERENCE_FLOPS):
+            for budget in (24 * 9_000**2, 24 * 14_513**2, 2**40):
+                request = _request(n=n, d=d, budget=budget, device_flops=flops)
+                memory = math.isqrt(budget // 24)
+                assert center_caps(request).n_centers == min(n, time_cap(flops), memory)
+
+
+def test_at_1e7_rows_the_memory_cap_decides_on_every_host_without_a_probe(no_probe):
+    """The 24 GB host's automatic budget holds 14,513 centers: the passes cap (31,000) is above it, so the rate
+    cannot change M and is not measured, in one process or over ranks."""
+    budget = 24 * 14_513**2 + 23
+    for distributed in (False, True):
+        caps = center_caps(_request(n=10**7, d=8, budget=budget, distributed=distributed, measure_flops=_never))
+        assert (caps.n_centers, caps.passes_cap, caps.memory_cap) == (14_513, 31_000, 14_513)
+        assert caps.flops is None and caps.source == ("distributed" if distributed else "not measured")
+    # with room for more, a large n buys more centers than the rate would (2e6 rows: 13,000 > 11,241)
+    caps = center_caps(_request(n=2 * 10**6, d=8, measure_flops=lambda: REFERENCE_FLOPS))
+    assert (caps.n_centers, caps.time_cap, caps.passes_cap, caps.source) == (13_000, MAX_CENTERS, 13_000, "measured")
+    reason = kgp.registry.get_recipe("auto").choose(_request(n=10**7, d=8, budget=budget)).reasons["n_centers"]
+    assert "14,513 centers" in reason and "the passes cap 31,000" in reason
+
+
 def test_a_pinned_rate_sizes_the_centers_up_to_the_memory_cap():
     params = kgp.KernelRegressor("rbf").get_params()
     with kgp.settings.device_flops(100 * REFERENCE_FLOPS), kgp.settings.memory_budget(2**40):
@@ -76,6 +131,7 @@ def test_a_pinned_rate_sizes_the_centers_up_to_the_memory_cap():
         "flops": 100 * REFERENCE_FLOPS,
         "source": "setting",
         "time_cap": 52_000,
+        "passes_cap": 9_000,  # d = 4: 0.5 x 21 x 77 / (29 / 3) x 1e6 = 9,145^2
         "memory_cap": math.isqrt(2**40 // 24),
     }
     with kgp.settings.device_flops(100 * REFERENCE_FLOPS), kgp.settings.memory_budget(24 * 30_000**2):
@@ -119,6 +175,7 @@ def test_the_recipe_measures_only_where_the_time_cap_can_bind(no_probe):
         "flops": 2 * REFERENCE_FLOPS,
         "source": "measured",
         "time_cap": 14_000,
+        "passes_cap": 9_000,
         "memory_cap": memory,
     }
     assert "measured 2.12e+11 float64 flop/s" in choice.reasons["n_centers"]

@@ -50,13 +50,15 @@ def test_the_rule_in_closed_form():
     assert exact_limit(_request(10, budget=8 * 10_000**2)) == 10_000
     assert exact_limit(_request(10, budget=4 * 10_000**2, dtype=torch.float32)) == 10_000
     assert exact_limit(_request(10, budget=2**40, max_exact=123)) == 123
-    # centers: three float64 M x M arrays in the budget, at most MAX_CENTERS, at most n, and never fewer
-    # as n grows (the variance's Gram is summed over at most GRAM_ROWS_PER_CENTER * M rows)
+    # centers: three float64 M x M arrays in the budget, at most MAX_CENTERS (up to the n where FALKON's passes
+    # pay for more), at most n, and never fewer as n grows (the variance's Gram is summed over at most
+    # GRAM_ROWS_PER_CENTER * M rows)
     assert nystrom_centers(_request(60_000, budget=24 * 9_000**2)) == 9_000
     assert nystrom_centers(_request(60_000, budget=2**40)) == MAX_CENTERS
     assert nystrom_centers(_request(5_000, budget=2**40)) == 5_000
     assert nystrom_centers(_request(219_000, budget=2**40)) == MAX_CENTERS
-    assert nystrom_centers(_request(10**9, budget=2**40)) == MAX_CENTERS
+    assert nystrom_centers(_request(10**6, budget=2**40)) == MAX_CENTERS
+    assert nystrom_centers(_request(10**9, budget=2**40)) == math.isqrt(2**40 // 24)  # the memory cap
     budget = 24 * 11_000**2
     sizes = [nystrom_centers(_request(n, budget=budget)) for n in (10**4, 10**5, 10**6, 10**7, 10**8)]
     assert sizes == sorted(sizes) and sizes[-1] == 11_000

@@ -39,7 +39,8 @@ variance a learned GP builds at fit sums ``K_Mn K_nM`` over at most ``max(4 M, 2
 ``M ~ n^(-1/2)`` centers (3,872 at 1e6 rows, 1,224 at 1e7 for 1.5e13 flops). What grows with n is
 FALKON's ``n M`` per iteration (docs/benchmarks/large-data.md has the measured table).
 
-The time cap (:func:`time_cap`) is set by the device's float64 GEMM rate. ``MAX_CENTERS`` = 11,241 is the
+Two caps bound the centers from the time side, and the larger applies. The time cap (:func:`time_cap`)
+is set by the device's float64 GEMM rate. ``MAX_CENTERS`` = 11,241 is the
 M of the measured default table (docs/benchmarks/gp-default.md), on a 2-core CPU at ``REFERENCE_FLOPS``
 (106 GFLOP/s), whose times are the targets the default is held to: the memory cap of a 24 GB host would
 allow more centers, which cost 1.5-2x the time there for a test RMSE at most a few percent lower
@@ -52,16 +53,28 @@ M = 5,000 every term is a multiple of ``M^3``, so the M whose setup takes a fixe
 The cap never falls below ``MAX_CENTERS``: a CPU slower than the reference, or one that other processes
 load while it is measured, keeps the measured default, so that fits on such hosts choose the same M from
 run to run, and the measurement (:func:`kgp.device_speed.measured_flops`, once per process and device)
-only ever adds centers on a faster device. It is taken only where it can change M (n and the memory cap
-above ``MAX_CENTERS``; never for the exact solve, nor in a distributed fit, whose ranks must agree on M),
-and ``kgp.settings.device_flops`` pins the rate instead, for the same M on every host.
+only ever adds centers on a faster device.
+
+The passes cap (:func:`passes_cap`) lets the setup grow with the work that grows with n: FALKON's
+``FALKON_PASSES`` fused passes over the ``n x M`` kernel matrix (:func:`passes_flops`). It is the
+largest M whose setup costs at most ``SETUP_SHARE`` of those passes, both counted in flops of matrix-product
+time, so the device's rate cancels and every host (and every rank of a distributed fit) gets the same cap:
+``9.67 M^3 <= 0.5 x 21 n M (3 d + 65)``, ``M ~ sqrt(96 n)`` at d = 8. It is below ``MAX_CENTERS`` up to
+1.3e6 rows at d = 8 (0.8e6 at d = 28), where the time cap alone decides as before; at 1e7 rows it is
+31,000, so the memory cap decides (14,513 centers on a 24 GB host: docs/benchmarks/large-data.md). A fit
+on the passes cap spends at most 1.5x its passes' time on passes and setup together.
+
+The rate is taken only where it can change M (n and the memory cap above both ``MAX_CENTERS`` and the
+passes cap; never for the exact solve, nor in a distributed fit, whose ranks must agree on M), and
+``kgp.settings.device_flops`` pins the rate instead, for the same M on every host.
 ``recipe_["device"]`` reports the rate, its source (``"setting"``, ``"measured"``, or why none was
-measured) and both caps (:class:`CenterCaps`).
+measured) and the three caps (:class:`CenterCaps`).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,6 +88,8 @@ __all__ = [
     "exact_limit",
     "memory_cap",
     "nystrom_centers",
+    "passes_cap",
+    "passes_flops",
     "refine_rows",
     "setup_flops",
     "time_cap",
@@ -107,6 +122,17 @@ REFERENCE_FLOPS = 106e9
 _FACTOR_FLOPS = 5 / 3
 # the time cap is rounded down to whole thousands of centers
 CAP_STEP = 1_000
+# FALKON's passes over the n x M kernel matrix: its default 20 CG iterations (solver option maxiter), one
+# fused pass K_nM^T (K_nM v) each, and the right-hand side's K_nM^T y
+FALKON_PASSES = 21
+# one kernel entry of a fused RBF pass costs as long as PASS_FLOPS_PER_FEATURE d + PASS_FLOPS_PER_ENTRY
+# float64 matrix-product flops: on a 2-core CPU measuring 152 GFLOP/s, 1e6 x 12,000 entries a pass ran at
+# 1.71e9 entries/s at d = 8 (89 flops each) and 1.02e9 at d = 28 (149); docs/benchmarks/large-data.md
+PASS_FLOPS_PER_FEATURE = 3
+PASS_FLOPS_PER_ENTRY = 65
+# the M^3 setup may cost at most this share of the passes: passes and setup together then take at most 1.5x
+# the passes, and up to 1.3e6 rows at d = 8 the time cap alone decides (module docstring)
+SETUP_SHARE = 0.5
 # float64 M x M arrays alive at once in a FALKON fit with its Nystrom variance: FALKON's K_MM and two
 # triangular factors at its peak (measured 2.4 at M = 3,000); the variance, built after the solve, holds two
 # (the Gram and K_MM, each factored over itself; measured 2.2, tests/test_memory_estimate.py)
@@ -145,13 +171,41 @@ def time_cap(flops: float | None) -> int:
     if flops is None:
         return MAX_CENTERS
     allowed = float(flops) * SETUP_SECONDS
+    return max(MAX_CENTERS, _largest_centers(lambda m: setup_flops(m) <= allowed) // CAP_STEP * CAP_STEP)
+
+
+def passes_flops(n: int, d: int, n_centers: int) -> float:
+    """Matrix-product-time flops of FALKON's ``FALKON_PASSES`` fused passes over ``n x M`` kernel entries.
+
+    One entry of a fused pass ``K_nM^T (K_nM v)`` in d features costs as long as
+    ``PASS_FLOPS_PER_FEATURE d + PASS_FLOPS_PER_ENTRY`` float64 matrix-product flops (the distance product,
+    the exponential and the two products with v; measured, see the constants).
+    """
+    per_entry = PASS_FLOPS_PER_FEATURE * int(d) + PASS_FLOPS_PER_ENTRY
+    return FALKON_PASSES * float(n) * int(n_centers) * per_entry
+
+
+def passes_cap(n: int, d: int) -> int:
+    """Largest M whose :func:`setup_flops` are at most ``SETUP_SHARE`` of :func:`passes_flops` at that M.
+
+    Rounded down to ``CAP_STEP``; 0 where no whole thousand qualifies. Both sides are flops of the same
+    device, so no rate enters (module docstring).
+    """
+    allowed = _largest_centers(lambda m: setup_flops(m) <= SETUP_SHARE * passes_flops(n, d, m))
+    return allowed // CAP_STEP * CAP_STEP
+
+
+def _largest_centers(fits: Callable[[int], bool]) -> int:
+    """Largest M >= 1 with ``fits(M)`` (0 if none), for a ``fits`` true up to some M and false beyond."""
+    if not fits(1):
+        return 0
     low, high = 1, 2
-    while setup_flops(high) <= allowed:
+    while fits(high):
         low, high = high, 2 * high
-    while high - low > 1:  # setup_flops(low) <= allowed < setup_flops(high)
+    while high - low > 1:  # fits(low) and not fits(high)
         middle = (low + high) // 2
-        low, high = (middle, high) if setup_flops(middle) <= allowed else (low, middle)
-    return max(MAX_CENTERS, low // CAP_STEP * CAP_STEP)
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low
 
 
 def memory_cap(request: RecipeRequest) -> int:
@@ -161,24 +215,31 @@ def memory_cap(request: RecipeRequest) -> int:
 
 @dataclass(frozen=True)
 class CenterCaps:
-    """FALKON's centers (:func:`center_caps`), the two caps that bound them and the rate behind the time cap.
+    """FALKON's centers (:func:`center_caps`), the three caps that bound them and the rate behind the time cap.
 
     ``source`` says where ``flops`` came from: ``"setting"`` (``kgp.settings.device_flops``), ``"measured"``
     (:func:`kgp.device_speed.measured_flops`), ``"not measured"`` (the time cap could not bind: n or the
-    memory cap is at most ``MAX_CENTERS``), ``"distributed"`` (not measured: the ranks' measurements could
-    differ, and every rank must choose the same M) or ``"unavailable"`` (the device could not run the probe,
-    or the request carries no way to measure).
+    memory cap is at most ``MAX_CENTERS`` or the passes cap), ``"distributed"`` (not measured: the ranks'
+    measurements could differ, and every rank must choose the same M) or ``"unavailable"`` (the device could
+    not run the probe, or the request carries no way to measure).
     """
 
     n_centers: int
     time_cap: int
+    passes_cap: int
     memory_cap: int
     flops: float | None
     source: str
 
     def as_dict(self) -> dict[str, Any]:
         """Plain values, as ``recipe_["device"]`` holds them."""
-        return {"flops": self.flops, "source": self.source, "time_cap": self.time_cap, "memory_cap": self.memory_cap}
+        return {
+            "flops": self.flops,
+            "source": self.source,
+            "time_cap": self.time_cap,
+            "passes_cap": self.passes_cap,
+            "memory_cap": self.memory_cap,
+        }
 
     def describe_rate(self) -> str:
         """The rate and its source, in words."""
@@ -189,36 +250,40 @@ class CenterCaps:
         if self.source == "distributed":
             return "no rate measured in a distributed fit; kgp.settings.device_flops would set one"
         if self.source == "not measured":
-            return f"no rate measured: n or the memory cap is at most {MAX_CENTERS:,}"
+            return f"no rate measured: n or the memory cap is at most {max(MAX_CENTERS, self.passes_cap):,}"
         return "no rate: the device could not be measured"
 
 
 def center_caps(request: RecipeRequest) -> CenterCaps:
-    """Centers for FALKON: at most n, the memory cap and the time cap; never fewer as n grows.
+    """Centers for FALKON: at most n, the memory cap and the larger of the time and passes caps; never
+    fewer as n grows.
 
     The device's rate is the request's ``device_flops`` (the setting) if given; else it is measured, once
-    per process, only where the time cap can bind (n and the memory cap above ``MAX_CENTERS``) and the fit
-    is not distributed.
+    per process, only where the time cap can decide (n and the memory cap above ``MAX_CENTERS`` and the
+    passes cap) and the fit is not distributed.
     """
     memory = memory_cap(request)
+    passes = passes_cap(request.n, request.d)
     flops, source = request.device_flops, "setting"
     if flops is None:
         if request.distributed:
             source = "distributed"
-        elif min(request.n, memory) <= MAX_CENTERS:
+        elif min(request.n, memory) <= max(MAX_CENTERS, passes):
             source = "not measured"
         else:
             flops = None if request.measure_flops is None else request.measure_flops()
             source = "unavailable" if flops is None else "measured"
     time = time_cap(flops)
-    n_centers = max(min(request.n, MIN_CENTERS), min(request.n, time, memory))
-    return CenterCaps(n_centers=n_centers, time_cap=time, memory_cap=memory, flops=flops, source=source)
+    n_centers = max(min(request.n, MIN_CENTERS), min(request.n, max(time, passes), memory))
+    return CenterCaps(
+        n_centers=n_centers, time_cap=time, passes_cap=passes, memory_cap=memory, flops=flops, source=source
+    )
 
 
 def nystrom_centers(request: RecipeRequest) -> int:
     """Centers for FALKON: as many as ``_SQUARE_ARRAYS`` float64 ``M x M`` arrays in the budget allow, at
-    most n and at most the time cap (``MAX_CENTERS``, more on a device faster than ``REFERENCE_FLOPS``);
-    never fewer as n grows (:func:`center_caps`)."""
+    most n and at most the larger of the time cap (``MAX_CENTERS``, more on a device faster than
+    ``REFERENCE_FLOPS``) and the passes cap (grows with n); never fewer as n grows (:func:`center_caps`)."""
     return center_caps(request).n_centers
 
 
@@ -287,19 +352,22 @@ class AutoRecipe:
 
 
 def _centers_reason(caps: CenterCaps) -> str:
-    """The ``reasons["n_centers"]`` line: both caps, the rate behind the time cap."""
+    """The ``reasons["n_centers"]`` line: the three caps, the rate behind the time cap."""
     reference = f"{MAX_CENTERS:,} centers at {REFERENCE_FLOPS:.3g} flop/s"
     if caps.flops is None:
-        timed = (
-            f"at most {MAX_CENTERS:,}, the time cap measured at {REFERENCE_FLOPS:.3g} flop/s ({caps.describe_rate()})"
-        )
+        timed = f"the time cap {MAX_CENTERS:,}, measured at {REFERENCE_FLOPS:.3g} flop/s ({caps.describe_rate()})"
     else:
         timed = (
-            f"at most {caps.time_cap:,}, the most whose M^3 setup takes at {caps.describe_rate()} no longer than "
-            f"{reference} do (never fewer than {MAX_CENTERS:,})"
+            f"the time cap {caps.time_cap:,}, the most whose M^3 setup takes at {caps.describe_rate()} no longer "
+            f"than {reference} do (never fewer than {MAX_CENTERS:,})"
         )
+    passes = (
+        f"the passes cap {caps.passes_cap:,}, the most whose M^3 setup costs at most {SETUP_SHARE:g} of "
+        f"FALKON's {FALKON_PASSES} passes over the n x M kernel matrix"
+    )
     return (
         f"{caps.n_centers:,} centers: at most {caps.memory_cap:,} ({_SQUARE_ARRAYS} float64 M x M arrays in "
-        f"kgp.settings.memory_budget), {timed}; the variance sums K_Mn K_nM over at most "
-        f"max({GRAM_ROWS_PER_CENTER} M, {GRAM_MIN_ROWS:,}) rows, so its cost does not grow with n"
+        f"kgp.settings.memory_budget) and at most the larger of {timed} and {passes}; the variance sums "
+        f"K_Mn K_nM over at most max({GRAM_ROWS_PER_CENTER} M, {GRAM_MIN_ROWS:,}) rows, so its cost does not "
+        "grow with n"
     )
