@@ -59,7 +59,9 @@ The passes cap (:func:`passes_cap`) lets the setup grow with the work that grows
 ``FALKON_PASSES`` fused passes over the ``n x M`` kernel matrix (:func:`passes_flops`). It is the
 largest M whose setup costs at most ``SETUP_SHARE`` of those passes, both counted in flops of matrix-product
 time, so the device's rate cancels and every host (and every rank of a distributed fit) gets the same cap:
-``9.67 M^3 <= 0.5 x 21 n M (3 d + 65)``, ``M ~ sqrt(96 n)`` at d = 8. It is below ``MAX_CENTERS`` up to
+``9.67 M^3 <= 0.5 x 21 n M (3 d + 65)`` above 5,000 centers, ``M ~ sqrt(96 n)`` at d = 8 (the pass cost is
+an RBF kernel's, measured; other kernels' entries cost about as much). A distributed fit counts all ranks'
+rows, so that it chooses the M of one process on the same data and gives its model. It is below ``MAX_CENTERS`` up to
 1.3e6 rows at d = 8 (0.8e6 at d = 28), where the time cap alone decides as before; at 1e7 rows it is
 31,000, so the memory cap decides (14,513 centers on a 24 GB host: docs/benchmarks/large-data.md). A fit
 on the passes cap spends at most 1.5x its passes' time on passes and setup together.
@@ -126,8 +128,9 @@ CAP_STEP = 1_000
 # fused pass K_nM^T (K_nM v) each, and the right-hand side's K_nM^T y
 FALKON_PASSES = 21
 # one kernel entry of a fused RBF pass costs as long as PASS_FLOPS_PER_FEATURE d + PASS_FLOPS_PER_ENTRY
-# float64 matrix-product flops: on a 2-core CPU measuring 152 GFLOP/s, 1e6 x 12,000 entries a pass ran at
-# 1.71e9 entries/s at d = 8 (89 flops each) and 1.02e9 at d = 28 (149); docs/benchmarks/large-data.md
+# float64 matrix-product flops: on a 2-core CPU measuring 152 GFLOP/s, a pass over 1e6 rows and 4,000 or
+# 12,000 centers ran at 1.70-1.75e9 entries/s at d = 8 (89 flops each) and 1.01-1.03e9 at d = 28 (149);
+# docs/benchmarks/large-data.md, "The passes cap"
 PASS_FLOPS_PER_FEATURE = 3
 PASS_FLOPS_PER_ENTRY = 65
 # the M^3 setup may cost at most this share of the passes: passes and setup together then take at most 1.5x
@@ -355,7 +358,7 @@ def _centers_reason(caps: CenterCaps) -> str:
     """The ``reasons["n_centers"]`` line: the three caps, the rate behind the time cap."""
     reference = f"{MAX_CENTERS:,} centers at {REFERENCE_FLOPS:.3g} flop/s"
     if caps.flops is None:
-        timed = f"the time cap {MAX_CENTERS:,}, measured at {REFERENCE_FLOPS:.3g} flop/s ({caps.describe_rate()})"
+        timed = f"the time cap {MAX_CENTERS:,} (at the reference {REFERENCE_FLOPS:.3g} flop/s; {caps.describe_rate()})"
     else:
         timed = (
             f"the time cap {caps.time_cap:,}, the most whose M^3 setup takes at {caps.describe_rate()} no longer "
