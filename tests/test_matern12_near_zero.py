@@ -14,6 +14,7 @@ import gpytorch
 import pytest
 import torch
 
+from kgp.kernels import formulas
 from kgp.operators import kernel_operator
 
 
@@ -93,3 +94,29 @@ def test_float32_rows_with_a_near_pair_are_recomputed_in_float64(d):
     assert bound < 5 * (d + 2) * eps32 * math.sqrt(norms) / 20  # far tighter than the pair test's bound
     dup = (X[:150] == Z[:150]).all(1)
     assert torch.equal(block[:150][dup, torch.arange(150)[dup]], torch.ones(int(dup.sum()), dtype=torch.float64))
+
+
+@pytest.mark.parametrize("d", [formulas.WIDE_ROWS_MAX_FEATURES - 1, formulas.WIDE_ROWS_MAX_FEATURES, 784])
+def test_float32_blocks_switch_to_the_pair_test_at_many_features(d, monkeypatch):
+    """From ``WIDE_ROWS_MAX_FEATURES`` features on a float32 block with every row a candidate (the rows are
+    centers) takes the pair test, below it the wide rows; either way within the kept bound of the float64
+    oracle and exactly 1 on the duplicates."""
+    calls = []
+    for name in ("_wide_rows", "_exact_pairs"):
+        original = getattr(formulas, name)
+        monkeypatch.setattr(formulas, name, lambda *a, _f=original, _n=name: calls.append(_n) or _f(*a))
+    g = torch.Generator().manual_seed(d)
+    Z = torch.rand(60, d, generator=g, dtype=torch.float64)  # pixel-like inputs in [0, 1)
+    X = torch.cat([Z, torch.rand(20, d, generator=g, dtype=torch.float64)])
+    kernel = gpytorch.kernels.MaternKernel(nu=0.5)
+    kernel.lengthscale = 3.0
+    kernel.raw_lengthscale.requires_grad_(False)
+    block = kernel_operator(kernel, X.float(), Z.float()).to_dense().double()
+    Xd, Zd = X.float().double() / 3.0, Z.float().double() / 3.0
+    expected = torch.exp(-(Xd.unsqueeze(1) - Zd.unsqueeze(0)).pow(2).sum(-1).sqrt())
+    norms = torch.cat([Xd - Zd.mean(0), Zd - Zd.mean(0)]).pow(2).sum(1).max()
+    bound = 5 * (d + 2) * torch.finfo(torch.float32).eps * float((2 * norms).sqrt())
+    assert (block - expected).abs().max() <= bound
+    assert torch.equal(block[:60].diagonal(), torch.ones(60, dtype=torch.float64))
+    wide = d < formulas.WIDE_ROWS_MAX_FEATURES
+    assert calls and set(calls) == {"_wide_rows" if wide else "_exact_pairs"}

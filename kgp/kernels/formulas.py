@@ -366,6 +366,19 @@ def kernel_parameters(kernel: gpytorch.kernels.Kernel) -> KernelParameters:
 # absolute error of about 5 (d + 2) eps sqrt(|u|^2 + |v|^2) in the kernel value.
 _NEAR = 1e-2
 
+WIDE_ROWS_MAX_FEATURES = 100
+"""From this many features on, a float32 block's candidate rows get the pair test (:func:`_exact_pairs`)
+instead of a float64 GEMM of the whole rows (:func:`_wide_rows`).
+
+The float64 row GEMM costs ``2 d`` flops per entry, the pair test a few whatever d. With every row a
+candidate (the centers are training rows), EigenPro 4 on UCI letter (d = 16) took 1.05x the time with the pair
+test, on mnist_5k (d = 784) 0.76-0.84x, the same test accuracy to every digit; one streamed 4,000 x 4,000
+pass took 0.83x at d = 16, 0.70x at 64, 0.63x at 256, 0.58x at 784 (docs/benchmarks/matern12-pass.md,
+"Many features"). The wide rows' extra accuracy (float64 distances on the rows they recompute) matters
+where the float32 expanded form's own error, about ``(d + 2) eps32`` of the norms, is small; at this many
+features every row without a near pair keeps that error anyway, and the pair test gives the near pairs
+from their differences as in float64 blocks."""
+
 _NEAR_CHUNK = 2**20
 """Entries per chunk of rows in which :func:`_exact_near_zero` compares each pair with its own threshold (its
 temporaries stay a few MB whatever the block's size)."""
@@ -378,9 +391,9 @@ def _exact_near_zero(rows: Tensor, cols: Tensor, sq_dist: Tensor) -> None:
     needs it when ``sq_dist < _NEAR (|u|^2 + |v|^2)``. First a row-minimum pass over the block finds the rows
     whose minimum can pass (``< _NEAR (|u|^2 + max |v|^2)``). Then, in chunks of :data:`_NEAR_CHUNK` entries:
 
-    - a float32 block (:func:`_wide_rows`): those rows' distances again, from the same rounded ``u``, ``v``
-      but with a float64 GEMM and float64 norms;
-    - a float64 block (:func:`_exact_pairs`): the pair test, and the pairs that pass from their differences.
+    - a float32 block of fewer than :data:`WIDE_ROWS_MAX_FEATURES` features (:func:`_wide_rows`): those rows'
+      distances again, from the same rounded ``u``, ``v`` but with a float64 GEMM and float64 norms;
+    - otherwise (:func:`_exact_pairs`): the pair test, and the pairs that pass from their differences.
 
     Why the row minima first, not one threshold for the whole block (``_NEAR (max |u|^2 + max |v|^2)``, then
     the pair test on what passed it), as before: with a few points of large norm that threshold lets most of
@@ -401,7 +414,7 @@ def _exact_near_zero(rows: Tensor, cols: Tensor, sq_dist: Tensor) -> None:
     candidates = ((mins < 1.01 * _NEAR * (sq_u + sq_v.max())) | mins.isnan()).nonzero().squeeze(1)
     if candidates.numel() == 0:
         return
-    if sq_dist.dtype == torch.float64:
+    if sq_dist.dtype == torch.float64 or rows.shape[1] - 2 >= WIDE_ROWS_MAX_FEATURES:
         _exact_pairs(rows, cols, sq_dist, candidates)
     else:
         _wide_rows(rows, cols, sq_dist, candidates)
