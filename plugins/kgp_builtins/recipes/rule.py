@@ -60,8 +60,10 @@ The passes cap (:func:`passes_cap`) lets the setup grow with the work that grows
 largest M whose setup costs at most ``SETUP_SHARE`` of those passes, both counted in flops of matrix-product
 time, so the device's rate cancels and every host (and every rank of a distributed fit) gets the same cap:
 ``9.67 M^3 <= 0.5 x 21 n M (3 d + 65)`` above 5,000 centers, ``M ~ sqrt(96 n)`` at d = 8 (the pass cost is
-an RBF kernel's, measured; other kernels' entries cost about as much). A distributed fit counts all ranks'
-rows, so that it chooses the M of one process on the same data and gives its model. It is below ``MAX_CENTERS`` up to
+an RBF kernel's in float64, measured; other kernels' entries cost about as much; a float32 pass ran 2.1x
+faster, so a float32 fit on this cap may spend about as long on the setup, still float64, as on the
+passes). A distributed fit counts all ranks' rows, so that it chooses the M of one process on the same data
+and gives its model. It is below ``MAX_CENTERS`` up to
 1.3e6 rows at d = 8 (0.8e6 at d = 28), where the time cap alone decides as before; at 1e7 rows it is
 31,000, so the memory cap decides (14,513 centers on a 24 GB host: docs/benchmarks/large-data.md). A fit
 on the passes cap spends at most 1.5x its passes' time on passes and setup together.
