@@ -131,7 +131,7 @@ def test_a_pinned_rate_sizes_the_centers_up_to_the_memory_cap():
         "flops": 100 * REFERENCE_FLOPS,
         "source": "setting",
         "time_cap": 52_000,
-        "passes_cap": 9_000,  # d = 4: 0.5 x 21 x 77 / (29 / 3) x 1e6 = 9,145^2
+        "passes_cap": 9_000,  # d = 4: sqrt(0.5 x 21 x 77 x 1e6 / (29 / 3)) = 9,145
         "memory_cap": math.isqrt(2**40 // 24),
     }
     with kgp.settings.device_flops(100 * REFERENCE_FLOPS), kgp.settings.memory_budget(24 * 30_000**2):
