@@ -414,7 +414,7 @@ def _exact_near_zero(rows: Tensor, cols: Tensor, sq_dist: Tensor) -> None:
     candidates = ((mins < 1.01 * _NEAR * (sq_u + sq_v.max())) | mins.isnan()).nonzero().squeeze(1)
     if candidates.numel() == 0:
         return
-    if sq_dist.dtype == torch.float64 or rows.shape[1] - 2 >= WIDE_ROWS_MAX_FEATURES:
+    if sq_dist.dtype == torch.float64 or d >= WIDE_ROWS_MAX_FEATURES:
         _exact_pairs(rows, cols, sq_dist, candidates)
     else:
         _wide_rows(rows, cols, sq_dist, candidates)
