@@ -22,15 +22,11 @@ R times with seeds 0 .. R-1 (its batch order and subsamples; the same centers).
 2.0 epochs; the default ``"auto"`` takes the exact Cholesky projection wherever its factor fits the memory
 budget, as at these M), right after the default fit, for the paired ratio.
 
-``--reference PATH``: also run the EigenPro 4 reference code (github.com/EigenPro/EigenPro, the package
-directory ``eigenpro/`` under PATH, e.g. ``git -C <mirror> archive HEAD eigenpro | tar -x -C /tmp/ep4ref``;
-nothing of it is committed) in the same process, right after kgp's fits, with the same centers, kernel
-(its ``laplacian`` with bandwidth = kgp's lengthscale), epochs and float32; its own settings otherwise
-(one-hot {0, 1} targets, no ridge term, the example's s = 2,000 / q = 100 for the data and the model
-preconditioners, s capped at M; ``tmp_centers_coeff`` 2, raised below M = 4,000 so that one of its
-batches fits its temporary-center buffer). Local shims, none changing the algorithm: ``tabulate`` and ``termcolor``
-(used only to print its configuration) are replaced by plain-text stand-ins when not installed, and its
-printed output is discarded. Its time includes its own per-epoch test evaluation.
+``--reference PATH``: also run the EigenPro 4 reference code (``ep4_reference.py``: the package directory
+``eigenpro/`` under PATH; nothing of it is committed) in the same process, right after kgp's fits, with the same
+centers, kernel (its ``laplacian`` with bandwidth = kgp's lengthscale), epochs (``--reference-epochs``: its own)
+and float32; its own settings otherwise (one-hot {0, 1} targets, no ridge term, the example's s = 2,000 / q = 100
+preconditioners). Its time includes its own per-epoch test evaluation.
 """
 
 from __future__ import annotations
@@ -38,6 +34,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -48,6 +45,9 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import kgp  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import ep4_reference  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 SEED = 0
@@ -102,78 +102,16 @@ def fit(solver, name, Z, Xtr, ytr, Xte, yte, epochs, options=None, seed=SEED):
     return clf.score(Xte, yte), time.perf_counter() - t0, extras
 
 
-def _shim_printing_modules():
-    """Plain stand-ins for the reference's ``tabulate`` / ``termcolor`` (printing only) when not installed."""
-    import sys
-    import types
-
-    for name, attr, fn in (
-        ("tabulate", "tabulate", lambda rows, *a, **k: "\n".join(str(r) for r in rows)),
-        ("termcolor", "colored", lambda text, *a, **k: str(text)),
-    ):
-        try:
-            __import__(name)
-        except ImportError:
-            module = types.ModuleType(name)
-            setattr(module, attr, fn)
-            sys.modules[name] = module
-
-
 def run_reference(path, name, Z, Xtr, ytr, Xte, yte, epochs):
-    """Fit the reference code (see the module docstring); returns (accuracy, seconds)."""
-    import contextlib
-    import io
-    import sys
-
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
-    _shim_printing_modules()
-    import eigenpro.kernels as ref_kernels
-    import eigenpro.models.sharded_kernel_machine as skm
-    import eigenpro.solver as ref_solver
-    import eigenpro.utils.device as ref_device
-
-    np.random.seed(SEED)
-    torch.manual_seed(SEED)
+    """Fit the reference code (:mod:`ep4_reference`, its ``laplacian`` at kgp's lengthscale, one-hot {0, 1}
+    targets, no ridge term); returns (accuracy, seconds)."""
     classes = np.unique(ytr)
-    X = torch.as_tensor(Xtr)
+    X, x = torch.as_tensor(Xtr), torch.as_tensor(Xte)
     Y = torch.as_tensor((ytr[:, None] == classes[None, :]).astype(np.float32))
-    x = torch.as_tensor(Xte)
     yt = torch.as_tensor((yte[:, None] == classes[None, :]).astype(np.float32))
-    bw = LENGTHSCALE[name]
-
-    def kernel_fn(a, b):
-        return ref_kernels.laplacian(a, b, bandwidth=bw)
-
-    M = Z.shape[0]
-    # its temporary-center buffer holds (coeff - 1) M rows and one batch must fit it: with coeff = 2 its critical
-    # batch (1,500 on letter) overflowed M = 1,000, so small models get more room (the period grows with it)
-    coeff = 2 if M >= 4000 else 1 + -(-4000 // M)
-    t0 = time.perf_counter()
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        device = ref_device.Device.create(use_gpu_if_available=False)
-        model = skm.create_sharded_kernel_machine(
-            Z.clone(), Y.shape[1], kernel_fn, device, dtype=torch.float32, tmp_centers_coeff=coeff
-        )
-        model = ref_solver.fit(
-            model,
-            X,
-            Y,
-            x,
-            yt,
-            device,
-            dtype=torch.float32,
-            kernel=kernel_fn,
-            n_data_pcd_nyst_samples=2000,
-            n_model_pcd_nyst_samples=min(2000, M),
-            n_data_pcd_eigenvals=100,
-            n_model_pcd_eigenvals=min(100, M // 2),
-            epochs=epochs,
-            tmp_centers_coeff=coeff,
-        )
-    seconds = time.perf_counter() - t0
-    with torch.no_grad():
-        pred = torch.cat([model(c) for c in x.split(1024)]).argmax(1).numpy()
+    kernel_fn = ep4_reference.kernel(path, "laplacian", LENGTHSCALE[name])
+    predict, seconds = ep4_reference.fit_reference(path, kernel_fn, Z, X, Y, x, yt, epochs, seed=SEED)
+    pred = predict(x).argmax(1).numpy()
     return float((classes[pred] == yte).mean()), seconds
 
 
@@ -218,6 +156,7 @@ def main():
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--centers", type=int, nargs="*", default=None)
     ap.add_argument("--reference", default=None, help="directory holding the reference's eigenpro/ package")
+    ap.add_argument("--reference-epochs", type=int, default=None, help="the reference's epochs (default: --epochs)")
     ap.add_argument("--data", nargs="*", choices=sorted(LENGTHSCALE), default=None, help="data sets (default: both)")
     ap.add_argument("--periods", nargs="*", default=None, help="eigenpro4 per period: default, T, or Nx")
     ap.add_argument("--repeats", type=int, default=1, help="seeds per fit with --periods")
@@ -233,10 +172,7 @@ def main():
         period_table(sets, centers, args.epochs, args.periods, args.repeats)
         print(f"load {os.getloadavg()[0]:.2f} (end)")
         return
-    ref = Path(args.reference) if args.reference else None
-    if ref is not None and not (ref / "eigenpro" / "solver.py").exists():
-        print(f"SKIP reference: no eigenpro/solver.py under {ref}")
-        ref = None
+    ref = ep4_reference.available(args.reference)
     extra = " eigenpro4 inexact acc | eigenpro4 inexact s | inexact s / eigenpro4 s |" if args.inexact else ""
     extra += " reference acc | reference s | reference s / eigenpro4 s |" if ref else ""
     print(
@@ -260,7 +196,7 @@ def main():
                 f"{ex_i['time_projection']:.1f} | {ex_i['projections']} | {ex_i['memory_estimate'] / 2**20:.1f} |"
             )
         if ref is not None:
-            accr, tr = run_reference(ref, name, Z, Xtr, ytr, Xte, yte, args.epochs)
+            accr, tr = run_reference(ref, name, Z, Xtr, ytr, Xte, yte, args.reference_epochs or args.epochs)
             row += f" {100 * accr:.2f} | {tr:.1f} | {tr / t4:.2f}x |"
         splits.append(
             f"| {name} | {M} | {ex['setup_time']:.1f} | {ex['time_steps']:.1f} | {ex['time_projection']:.1f} | "

@@ -26,7 +26,12 @@ Runs, back to back in one process:
 3. ``eigenpro`` at the same M and centers, with a wall budget of ``--eigenpro-budget`` times ``eigenpro4``'s fit
    time (0: not run): it stops at the end of the first epoch whose validation RMSE is at most ``eigenpro4``'s
    final one, or the first past the budget. Its time to reach ``eigenpro4``'s accuracy is read from its
-   per-epoch validation RMSE (``--n-val`` test rows, evaluated inside the fit's clock).
+   per-epoch validation RMSE (``--n-val`` test rows, evaluated inside the fit's clock);
+4. ``--reference PATH``: the EigenPro 4 reference code (``ep4_reference.py``: its ``gaussian`` kernel of bandwidth 1
+   on the same scaled inputs, the same centers, ``--reference-epochs`` (default ``--epochs``), float32, no ridge
+   term; its own s = 2,000 / q = 100
+   preconditioners, batch and period otherwise), its after-epoch test evaluation on the ``--n-val`` rows inside
+   its clock; a row ``reference`` in the table, the verdict against ``eigenpro4`` below it.
 
 Columns: fit wall and CPU seconds, test RMSE and excess, peak RSS of the phase (the high-water mark reset through
 ``/proc/self/clear_refs`` before each fit where Linux allows it; the training rows are already in memory), the
@@ -59,6 +64,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import bench_large  # noqa: E402  (the data cache and the host and memory readings)
+import ep4_reference  # noqa: E402
 
 RUNS = HERE / "bench_eigenpro4_runs.jsonl"
 CACHE = HERE / "output" / "large_data"  # bench_large.py's default cache
@@ -197,6 +203,44 @@ def fit_one(
     }
 
 
+def fit_reference(path: Path, data: dict[str, Any], Z: torch.Tensor, epochs: int, n_val: int) -> dict[str, Any]:
+    """The reference code on the centers ``Z`` (see the module docstring); the keys of :func:`fit_one`'s result."""
+    kernel_fn = ep4_reference.kernel(path, "gaussian", 1.0)
+    val = max(1, n_val)
+    reset_peak()
+    load_start = load_average()
+    cpu_start = time.process_time()
+    predict, seconds = ep4_reference.fit_reference(
+        path,
+        kernel_fn,
+        Z,
+        data["X"],
+        data["y"].reshape(-1, 1),
+        data["X_test"][:val],
+        data["y_test"][:val].reshape(-1, 1),
+        epochs,
+    )
+    fit_cpu = time.process_time() - cpu_start
+    peak = peak_rss()
+    mean = predict(data["X_test"]).double().numpy().reshape(-1)
+    rmse = float(np.sqrt(np.mean((data["y_test"].double().numpy() - mean) ** 2)))
+    return {
+        "solver": "reference",
+        "M": int(Z.shape[0]),
+        "options": {"epochs": epochs, "s": ep4_reference.SUBSAMPLE, "q": ep4_reference.LEVEL},
+        "iterations": epochs,
+        "fit_seconds": seconds,
+        "fit_cpu_seconds": fit_cpu,
+        "rmse": rmse,
+        "peak_rss": peak,
+        "load_start": load_start,
+        "load_end": load_average(),
+        "curve": [],
+        "extras": {},
+        "warnings": [],
+    }
+
+
 def reach_seconds(curve: list[dict[str, float]], target: float) -> float | None:
     """Elapsed seconds of the first iteration whose validation RMSE is at most ``target`` (None: never)."""
     return next((c["elapsed"] for c in curve if c["val_rmse"] <= target), None)
@@ -246,6 +290,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--eigenpro-budget", type=float, default=0.0, help="eigenpro's wall budget / eigenpro4's (0: skip)")
     ap.add_argument("--eigenpro-epochs", type=int, default=20, help="eigenpro's most epochs")
     ap.add_argument("--eigenpro-options", default="{}", help="more eigenpro options, as JSON")
+    ap.add_argument("--reference", default=None, help="directory holding the EigenPro 4 reference's eigenpro/")
+    ap.add_argument("--reference-epochs", type=int, default=None, help="the reference's epochs (default: --epochs)")
     ap.add_argument("--jsonl", default=str(RUNS), help="JSON lines appended here ('' : none)")
     return ap.parse_args(argv)
 
@@ -314,6 +360,12 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         record(fit_one("eigenpro", data, Z, noise_var, options, n_val=args.n_val, stop_rmse=ep4_val, budget=budget))
         eigenpro = results[-1]
 
+    reference = None
+    ref_path = ep4_reference.available(args.reference)
+    if ref_path is not None:
+        record(fit_reference(ref_path, data, Z, args.reference_epochs or args.epochs, args.n_val))
+        reference = results[-1]
+
     print()
     print(table(results, args.noise_std))
     print()
@@ -340,6 +392,14 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             f"eigenpro4's validation RMSE {ep4_val:.4f} after {ep4['fit_seconds']:.1f} s; eigenpro at the same M "
             f"{reached}; its curve: "
             + ", ".join(f"{c['elapsed']:.0f} s {c['val_rmse']:.4f}" for c in eigenpro["curve"])
+        )
+    if reference is not None:
+        verdict = "lower" if ep4["rmse"] < reference["rmse"] else "not lower"
+        print(
+            f"eigenpro4 ({args.epochs} epoch(s)) against the reference ({reference['iterations']} epoch(s)) at "
+            f"M = {ep4['M']:,}: test RMSE "
+            f"{ep4['rmse']:.4f} against {reference['rmse']:.4f} ({verdict}); time {ep4['fit_seconds']:.1f} s against "
+            f"{reference['fit_seconds']:.1f} s ({reference['fit_seconds'] / ep4['fit_seconds']:.2f}x)"
         )
     ex = dict(ep4["extras"])
     if "memory_estimate" in ex:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from benchmark_scripts import benchmark_module
 
 from kgp.datasets import PriorDraw
@@ -85,3 +87,97 @@ def test_bench_eigenpro4_periods_table(capsys):
     assert period == max(1, 100 // batch)
     assert rows[2].split(" | ")[3] == f"{batch} / {max(1, 200 // batch)}"
     assert rows[1].split(" | ")[3].endswith(" / 16")
+
+
+# A stand-in for the reference package (github.com/EigenPro/EigenPro's eigenpro/, not in this repository): the
+# entry points the benchmark calls, recording what they were given; its model predicts 0.
+_FAKE_REFERENCE = {
+    "__init__.py": "",
+    "kernels.py": ("def gaussian(a, b, bandwidth):\n    return (a @ b.T) * 0 + bandwidth\nlaplacian = gaussian\n"),
+    "models/__init__.py": "",
+    "models/sharded_kernel_machine.py": (
+        "import torch\n"
+        "CALLS = []\n"
+        "class Machine:\n"
+        "    def __init__(self, centers, k):\n"
+        "        self.centers, self.k = centers, k\n"
+        "    def __call__(self, x):\n"
+        "        return torch.zeros(x.shape[0], self.k)\n"
+        "def create_sharded_kernel_machine(centers, n_outputs, kernel_fn, device, dtype, tmp_centers_coeff):\n"
+        "    CALLS.append({'centers': centers.shape, 'coeff': tmp_centers_coeff, 'dtype': dtype})\n"
+        "    return Machine(centers, n_outputs)\n"
+    ),
+    "solver.py": (
+        "CALLS = []\n"
+        "def fit(model, X, Y, x, y, device, dtype, kernel, **options):\n"
+        "    CALLS.append({'X': X.shape, 'Y': Y.shape, 'x': x.shape, 'dtype': dtype, **options})\n"
+        "    print('its own output, discarded')\n"
+        "    return model\n"
+    ),
+    "utils/__init__.py": "",
+    "utils/device.py": (
+        "class Device:\n    @staticmethod\n    def create(use_gpu_if_available):\n        return 'cpu'\n"
+    ),
+}
+
+
+@pytest.fixture
+def fake_reference(tmp_path, monkeypatch):
+    root = tmp_path / "ref"
+    for name, text in _FAKE_REFERENCE.items():
+        path = root / "eigenpro" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    for name in [m for m in sys.modules if m == "eigenpro" or m.startswith("eigenpro.")]:
+        monkeypatch.delitem(sys.modules, name)
+    yield root
+    for name in [m for m in sys.modules if m == "eigenpro" or m.startswith("eigenpro.")]:
+        del sys.modules[name]
+    if str(root) in sys.path:
+        sys.path.remove(str(root))
+
+
+def test_the_reference_row_gets_the_same_rows_centers_and_its_own_epochs(bench, fake_reference, capsys):
+    argv = ["--n", "300", "--n-test", "80", "--n-val", "50", "--d", "2", "--centers", "60", "--epochs", "1"]
+    argv += ["--cache", "", "--jsonl", "", "--reference", str(fake_reference), "--reference-epochs", "3"]
+    results = bench.main(argv)
+    out = capsys.readouterr().out
+    assert [r["solver"] for r in results] == ["eigenpro4", "reference"]
+    import eigenpro.models.sharded_kernel_machine as machine
+    import eigenpro.solver as solver
+
+    # below M = 4,000 its temporary-center buffer gets room for one of its batches: 1 + ceil(4000 / 60) = 68
+    assert machine.CALLS == [{"centers": (60, 2), "coeff": 68, "dtype": torch.float32}]
+    (call,) = solver.CALLS
+    assert call["X"] == (300, 2) and call["Y"] == (300, 1) and call["x"] == (50, 2) and call["epochs"] == 3
+    assert call["n_data_pcd_nyst_samples"] == 2000 and call["n_model_pcd_nyst_samples"] == 60
+    assert call["n_data_pcd_eigenvals"] == 100 and call["n_model_pcd_eigenvals"] == 30
+    # the stand-in predicts 0, so its test RMSE is the root mean square of the test targets
+    draw = PriorDraw(2, seed=0, noise_std=0.1)
+    y_test = draw.sample(80, split="test")[1].astype(np.float32).astype(np.float64)
+    assert results[1]["rmse"] == pytest.approx(float(np.sqrt(np.mean(y_test**2))), rel=1e-6)
+    assert results[1]["iterations"] == 3 and "| reference | 60 | 3 |" in out
+    assert "against the reference (3 epoch(s))" in out and "its own output" not in out
+
+
+def test_a_reference_path_without_the_package_is_skipped_with_a_reason(bench, tmp_path, capsys):
+    assert bench.ep4_reference.available(tmp_path) is None
+    assert f"SKIP reference: no eigenpro/solver.py under {tmp_path}" in capsys.readouterr().out
+    assert bench.ep4_reference.available(None) is None
+
+
+def test_the_classification_benchmark_scores_the_reference_on_the_test_rows(fake_reference):
+    """bench_eigenpro4.py's reference column: one-hot targets in, argmax of its outputs scored on the test rows."""
+    with benchmark_module("bench_eigenpro4") as module:
+        rng = np.random.default_rng(0)
+        Xtr, Xte = rng.standard_normal((90, 4)).astype(np.float32), rng.standard_normal((40, 4)).astype(np.float32)
+        ytr, yte = rng.integers(3, 6, 90), rng.integers(3, 6, 40)
+        accuracy, seconds = module.run_reference(
+            fake_reference, "letter", torch.as_tensor(Xtr[:30]), Xtr, ytr, Xte, yte, 2
+        )
+    import eigenpro.solver as solver
+
+    (call,) = solver.CALLS
+    assert call["Y"] == (90, 3) and call["x"] == (40, 4) and call["epochs"] == 2
+    # the stand-in's outputs are all 0: argmax picks the first class, 3
+    assert accuracy == pytest.approx(float(np.mean(yte == 3))) and seconds >= 0

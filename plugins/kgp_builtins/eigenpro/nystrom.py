@@ -233,7 +233,7 @@ def nystrom_preconditioner(
         rho = float(lam[valid]) if valid < s else 0.0
         rho += 0.0 if white_noise else noise
     elif valid > 0:
-        V = Kp.double() @ evecs[:, :valid].double()
+        V = rows  # K'(H, X_s) E from above, its white-noise shift included (Kp E)
         R = Khh.double() - (V / lam64[:valid]) @ V.T
         _, rho = heldout_curvature(R, n, exact)
         rho += 0.0 if white_noise else noise
