@@ -35,7 +35,9 @@ Runs, back to back in one process:
 
 Columns: fit wall and CPU seconds, test RMSE and excess, peak RSS of the phase (the high-water mark reset through
 ``/proc/self/clear_refs`` before each fit where Linux allows it; the training rows are already in memory), the
-ratios to ``eigenpro4``, and the load average when the fit ended. Every fit is appended as a JSON line to
+ratios to ``eigenpro4``, and the load average when the fit ended. ``--device cuda``: the kgp fits run on the
+card (the rows are moved there by the estimator), and each JSON line has ``peak_device``, the card's peak
+allocated bytes during the fit. Every fit is appended as a JSON line to
 ``--jsonl`` with the host, load and thread count.
 """
 
@@ -140,6 +142,7 @@ def fit_one(
     n_val: int = 0,
     stop_rmse: float | None = None,
     budget: float | None = None,
+    device: str = "cpu",
 ) -> dict[str, Any]:
     """Fit ``solver`` on the centers ``Z``; test RMSE, times, peak RSS and the per-iteration validation curve.
 
@@ -160,10 +163,14 @@ def fit_one(
         centers=Z,
         solver_options=options,
         dtype=data["X"].dtype,
+        device=device,
         random_state=0,
         callback=callback,
     )
     validation = (data["X_test"][:n_val], data["y_test"][:n_val]) if n_val > 0 else None
+    on_cuda = torch.device(device).type == "cuda"
+    if on_cuda:
+        torch.cuda.reset_peak_memory_stats(device)
     reset_peak()
     load_start = load_average()
     start, cpu_start = time.perf_counter(), time.process_time()
@@ -172,7 +179,8 @@ def fit_one(
         model.fit(data["X"], data["y"], validation_data=validation)
     fit_seconds, fit_cpu = time.perf_counter() - start, time.process_time() - cpu_start
     peak = peak_rss()
-    mean = np.asarray(model.predict(data["X_test"]), dtype=np.float64).reshape(-1)
+    peak_device = torch.cuda.max_memory_allocated(device) if on_cuda else None
+    mean = model.predict(data["X_test"]).double().cpu().numpy().reshape(-1)
     rmse = float(np.sqrt(np.mean((data["y_test"].double().numpy() - mean) ** 2)))
     history = model.history_ or []
     last = dict(history[-1].extras) if history else {}
@@ -195,6 +203,7 @@ def fit_one(
         "fit_cpu_seconds": fit_cpu,
         "rmse": rmse,
         "peak_rss": peak,
+        "peak_device": peak_device,
         "load_start": load_start,
         "load_end": load_average(),
         "curve": curve,
@@ -233,6 +242,7 @@ def fit_reference(path: Path, data: dict[str, Any], Z: torch.Tensor, epochs: int
         "fit_cpu_seconds": fit_cpu,
         "rmse": rmse,
         "peak_rss": peak,
+        "peak_device": None,
         "load_start": load_start,
         "load_end": load_average(),
         "curve": [],
@@ -282,6 +292,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--noise-std", type=float, default=0.1)
     ap.add_argument("--cache", default=str(CACHE), help="bench_large.py's .npy cache ('' : generate in memory)")
     ap.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    ap.add_argument("--device", default="cpu", help="the kgp fits' device (the reference runs on the CPU only)")
     ap.add_argument("--centers", type=int, default=100_000, help="M of eigenpro4 (and eigenpro)")
     ap.add_argument("--epochs", type=int, default=1, help="eigenpro4's epochs")
     ap.add_argument("--ep4-options", default="{}", help="more eigenpro4 options, as JSON")
@@ -312,6 +323,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "device": torch.cuda.get_device_name(args.device) if torch.device(args.device).type == "cuda" else "cpu",
     }
     print(
         f"host: {host['cpu']}, {host['cores']} cores, torch {host['torch']} with {host['threads']} threads; "
@@ -340,14 +352,14 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
 
     Z = centers(args.centers)
     ep4_options = {"epochs": args.epochs, **json.loads(args.ep4_options)}
-    record(fit_one("eigenpro4", data, Z, noise_var, ep4_options, n_val=args.n_val))
+    record(fit_one("eigenpro4", data, Z, noise_var, ep4_options, n_val=args.n_val, device=args.device))
     ep4 = results[0]
     ep4_val = ep4["curve"][-1]["val_rmse"] if ep4["curve"] else None
 
     falkon_options = json.loads(args.falkon_options)
     falkon = []
     for m in args.falkon_centers:
-        record(fit_one("falkon", data, centers(m), noise_var, falkon_options))
+        record(fit_one("falkon", data, centers(m), noise_var, falkon_options, device=args.device))
         falkon.append(results[-1])
     within = [r for r in falkon if r["fit_seconds"] <= ep4["fit_seconds"]]
     if within:
@@ -357,11 +369,26 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     if args.eigenpro_budget > 0:
         budget = args.eigenpro_budget * ep4["fit_seconds"]
         options = {"epochs": args.eigenpro_epochs, **json.loads(args.eigenpro_options)}
-        record(fit_one("eigenpro", data, Z, noise_var, options, n_val=args.n_val, stop_rmse=ep4_val, budget=budget))
+        record(
+            fit_one(
+                "eigenpro",
+                data,
+                Z,
+                noise_var,
+                options,
+                n_val=args.n_val,
+                stop_rmse=ep4_val,
+                budget=budget,
+                device=args.device,
+            )
+        )
         eigenpro = results[-1]
 
     reference = None
     ref_path = ep4_reference.available(args.reference)
+    if ref_path is not None and torch.device(args.device).type != "cpu":
+        print(f"SKIP reference: it runs on the CPU here, the kgp fits on {args.device}")
+        ref_path = None
     if ref_path is not None:
         record(fit_reference(ref_path, data, Z, args.reference_epochs or args.epochs, args.n_val))
         reference = results[-1]

@@ -11,6 +11,7 @@ Its time includes its own test evaluation after every epoch (on the rows passed 
 from __future__ import annotations
 
 import contextlib
+import importlib.machinery
 import io
 import sys
 import time
@@ -46,6 +47,8 @@ def _shim_printing_modules() -> None:
             __import__(name)
         except ImportError:
             module = types.ModuleType(name)
+            # a spec, as an imported module has: importlib.util.find_spec(name) raises on a module without one
+            module.__spec__ = importlib.machinery.ModuleSpec(name, None)
             setattr(module, attr, fn)
             sys.modules[name] = module
 

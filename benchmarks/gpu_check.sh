@@ -3,7 +3,8 @@
 #
 # Run from the repository root on the GPU machine, after building the wheel here
 # (`.venv/bin/python -m pip wheel --no-deps --no-build-isolation -w .whl .`, .whl/ ignored by git):
-#     bash benchmarks/gpu_check.sh [tests] [fused] [benchmarks] [gp] [subset]   # default: fused tests benchmarks
+#     bash benchmarks/gpu_check.sh [tests] [fused] [benchmarks] [gp] [subset] [eigenpro4]
+#     (default: fused tests benchmarks)
 # (logs under $OUT).
 # Each step has its own time limit, so one failure leaves the others' figures. "gp" runs
 # bench_gp_default.py on the card (the default GP and GPyTorch's SGPR / SVGP); it reads the shared data
@@ -74,4 +75,18 @@ export KGP_SHARED_DATA=${KGP_SHARED_DATA:-$PWD/.gpudata}
 KGP_MEMORY_BUDGET=5055302041 timeout 330 $PY benchmarks/bench_subset_size.py --device cuda \
     --sets elevators,pol,bike,kin40k,protein,keggdirected --sizes 3000,4000,5000 --seeds 0,1,2 \
     --jsonl "$OUT/subset_runs.jsonl" 2>&1 | tee "$OUT/subset.md" | grep -v Warning
+fi
+
+if [[ $STEPS == *" eigenpro4 "* ]]; then
+echo "== eigenpro4 at many centers on 1e6 rows (docs/benchmarks/eigenpro4.md; the 2-core CPU: 218 s an epoch at M = 1e5)"
+# the rows are generated once on the host's cores (PriorDraw; bench_large.py's cache, outside $OUT); 5e6 rows and
+# 1e6 centers, the issue's target, would take most of a session's device time in generation alone
+LARGE=${KGP_LARGE_CACHE:-$PWD/.gpudata/large_data}
+timeout 180 $PY -c "import pathlib, sys; sys.path.insert(0, 'benchmarks'); import bench_large
+print(bench_large.cached_data(pathlib.Path('$LARGE'), 1000000, 8, 10000, 0, 0.1)['generate_seconds'], 's')"
+timeout 200 $PY benchmarks/bench_eigenpro4_large.py --device cuda --cache "$LARGE" --n 1000000 \
+    --centers 100000 --epochs 2 --falkon-centers 20000 40000 --jsonl "$OUT/eigenpro4_runs.jsonl" 2>&1 \
+    | tee "$OUT/eigenpro4.md"
+timeout 240 $PY benchmarks/bench_eigenpro4_large.py --device cuda --cache "$LARGE" --n 1000000 \
+    --centers 500000 --epochs 1 --jsonl "$OUT/eigenpro4_runs.jsonl" 2>&1 | tee -a "$OUT/eigenpro4.md"
 fi

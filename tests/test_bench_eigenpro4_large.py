@@ -130,9 +130,12 @@ def fake_reference(tmp_path, monkeypatch):
         path.write_text(text)
     for name in [m for m in sys.modules if m == "eigenpro" or m.startswith("eigenpro.")]:
         monkeypatch.delitem(sys.modules, name)
+    shims_before = {m for m in ("tabulate", "termcolor") if m in sys.modules}
     yield root
     for name in [m for m in sys.modules if m == "eigenpro" or m.startswith("eigenpro.")]:
         del sys.modules[name]
+    for name in {"tabulate", "termcolor"} - shims_before:
+        sys.modules.pop(name, None)
     if str(root) in sys.path:
         sys.path.remove(str(root))
 

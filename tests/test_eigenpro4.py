@@ -68,21 +68,27 @@ def _rel(a, b):
     return float((a.double() - b.double()).norm() / b.double().norm())
 
 
+#: the CPU, and a CUDA device where there is one (tests marked ``cuda`` are skipped without it)
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+
+
 # ----------------------------------------------------------------------------- fixed points
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("projection", ["eigenpro2", "cholesky"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_interpolable_targets_reach_the_centers_coefficients_with_delayed_projections(dtype, projection):
+def test_interpolable_targets_reach_the_centers_coefficients_with_delayed_projections(dtype, projection, device):
     """y = K_XZ a*: every batch's residual vanishes at a*, so SGD with T > 1 delayed projections (inexact or
-    exact) and a preconditioner (q > 0) converges to a* itself, to the dtype's precision."""
+    exact) and a preconditioner (q > 0) converges to a* itself, to the dtype's precision, on any device."""
     X, Z, _ = _problem(dtype=dtype)
     k = _kernel(dtype=dtype)
     a_star = torch.randn(Z.shape[0], 1, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     y = (_dense(k, X, Z) @ a_star).to(dtype)
+    X, y, Z = X.to(device), y.to(device), Z.to(device)
     opts = {"batch_size": 40, "projection_period": 3, "q": 10, "projection": projection}
     model = _fit(X, y, Z, k, regularization="none", epochs=150, average_epochs=0, **opts)
     extras = model.history_[-1].extras
     assert extras["projection_period"] == 3 and extras["q"] > 0 and extras["projection"] == projection
-    assert model.predictor_.alpha.dtype == dtype
+    assert model.predictor_.alpha.dtype == dtype and model.predictor_.alpha.device.type == device
     # measured with either projection: 3e-16 (float64), 1e-7 (float32)
     assert _rel(model.predictor_.alpha, a_star) < (1e-8 if dtype == torch.float64 else 5e-3)
 
@@ -358,7 +364,8 @@ def test_option_declarations_are_documented():
 
 
 # ----------------------------------------------------------------------------- memory
-def test_never_an_m_by_m_block_and_the_estimate_is_reported(caplog):
+@pytest.mark.parametrize("device", DEVICES)
+def test_never_an_m_by_m_block_and_the_estimate_is_reported(caplog, device):
     """Under a 256 KiB budget with M = 400 centers (M^2 = 160,000 entries, 1.25 MiB in float64): no tensor of
     M^2 entries or more is formed, every tensor is within the budget or the state's O(M (d + k + q)) arrays
     or a length-n vector, and the memory estimate is logged before the first step and reported per epoch."""
@@ -367,6 +374,7 @@ def test_never_an_m_by_m_block_and_the_estimate_is_reported(caplog):
     X = torch.randn(n, 2, generator=g, dtype=torch.float64)
     y = torch.sin(2 * X[:, :1]) + 0.1 * torch.randn(n, 1, generator=g, dtype=torch.float64)
     Z = X[:M] + 0.01
+    X, y, Z = X.to(device), y.to(device), Z.to(device)
     k = _kernel("rbf", 1.0)
     caplog.set_level(logging.INFO, logger="kgp_builtins.eigenpro4.solver")
     with kgp.settings.memory_budget(budget), LargestTensor() as probe:
