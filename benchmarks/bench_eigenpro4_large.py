@@ -22,7 +22,9 @@ Runs, back to back in one process:
 
 1. ``eigenpro4`` at ``--centers`` M for ``--epochs`` epochs (``--ep4-options``: more of its options as JSON);
 2. ``falkon`` at each of ``--falkon-centers`` (its defaults: 20 CG iterations): the comparison is with the largest
-   of them whose fit took no longer than ``eigenpro4``'s (the table marks it);
+   of them whose fit took no longer than ``eigenpro4``'s (the table marks it). Its kernel blocks take up to
+   ``kgp.settings.memory_budget`` (a fifth of the RAM by default); ``--falkon-budget-mib`` sets a smaller one,
+   to compare at ``eigenpro4``'s peak memory;
 3. ``eigenpro`` at the same M and centers, with a wall budget of ``--eigenpro-budget`` times ``eigenpro4``'s fit
    time (0: not run): it stops at the end of the first epoch whose validation RMSE is at most ``eigenpro4``'s
    final one, or the first past the budget. Its time to reach ``eigenpro4``'s accuracy is read from its
@@ -44,6 +46,7 @@ allocated bytes during the fit. Every fit is appended as a JSON line to
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -204,6 +207,7 @@ def fit_one(
         "rmse": rmse,
         "peak_rss": peak,
         "peak_device": peak_device,
+        "memory_budget": kgp.settings.memory_budget.value(device),
         "load_start": load_start,
         "load_end": load_average(),
         "curve": curve,
@@ -298,6 +302,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--ep4-options", default="{}", help="more eigenpro4 options, as JSON")
     ap.add_argument("--falkon-centers", type=int, nargs="*", default=[], help="M of each falkon fit")
     ap.add_argument("--falkon-options", default="{}", help="falkon options, as JSON")
+    ap.add_argument(
+        "--falkon-budget-mib", type=float, default=0.0, help="memory_budget of the falkon fits, MiB (0: the default)"
+    )
     ap.add_argument("--eigenpro-budget", type=float, default=0.0, help="eigenpro's wall budget / eigenpro4's (0: skip)")
     ap.add_argument("--eigenpro-epochs", type=int, default=20, help="eigenpro's most epochs")
     ap.add_argument("--eigenpro-options", default="{}", help="more eigenpro options, as JSON")
@@ -359,7 +366,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     falkon_options = json.loads(args.falkon_options)
     falkon = []
     for m in args.falkon_centers:
-        record(fit_one("falkon", data, centers(m), noise_var, falkon_options, device=args.device))
+        budget = args.falkon_budget_mib
+        with kgp.settings.memory_budget(int(budget * 2**20)) if budget else contextlib.nullcontext():
+            record(fit_one("falkon", data, centers(m), noise_var, falkon_options, device=args.device))
         falkon.append(results[-1])
     within = [r for r in falkon if r["fit_seconds"] <= ep4["fit_seconds"]]
     if within:

@@ -50,7 +50,8 @@ def test_reach_seconds_is_the_first_epoch_at_the_target(bench):
 def test_one_command_runs_every_fit_and_prints_one_table(bench, tmp_path, capsys):
     runs = tmp_path / "runs.jsonl"
     argv = ["--n", "600", "--n-test", "200", "--n-val", "100", "--d", "3", "--centers", "120", "--epochs", "2"]
-    argv += ["--falkon-centers", "40", "120", "--eigenpro-budget", "50", "--eigenpro-epochs", "3"]
+    argv += ["--falkon-centers", "40", "120", "--falkon-budget-mib", "0.5", "--eigenpro-budget", "50"]
+    argv += ["--eigenpro-epochs", "3"]
     argv += ["--cache", "", "--jsonl", str(runs)]
     results = bench.main(argv)
     out = capsys.readouterr().out
@@ -63,6 +64,8 @@ def test_one_command_runs_every_fit_and_prints_one_table(bench, tmp_path, capsys
     for line in lines:
         assert line["host"]["threads"] >= 1 and "load_end" in line and line["n"] == 600
         assert 0.2 / 2 < line["rmse"] < 2.0 and line["excess"] <= line["rmse"]
+    # the falkon fits ran under --falkon-budget-mib, the others under the default budget
+    assert [line["memory_budget"] == 2**19 for line in lines] == [False, True, True, False]
     ep4 = lines[0]
     assert ep4["iterations"] == 2 and len(ep4["curve"]) == 2 and ep4["extras"]["memory_estimate"] > 0
     # eigenpro stops at the first epoch that reaches eigenpro4's validation RMSE, else after its epochs
