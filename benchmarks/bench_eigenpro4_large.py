@@ -31,16 +31,16 @@ Runs, back to back in one process:
    per-epoch validation RMSE (``--n-val`` test rows, evaluated inside the fit's clock);
 4. ``--reference PATH``: the EigenPro 4 reference code (``ep4_reference.py``: its ``gaussian`` kernel of bandwidth 1
    on the same scaled inputs, the same centers, ``--reference-epochs`` (default ``--epochs``), float32, no ridge
-   term; its own s = 2,000 / q = 100
-   preconditioners, batch and period otherwise), its after-epoch test evaluation on the ``--n-val`` rows inside
-   its clock; a row ``reference`` in the table, the verdict against ``eigenpro4`` below it.
+   term; its own s = 2,000 / q = 100 preconditioners, batch and period otherwise), its after-epoch test evaluation
+   on the ``--n-val`` rows inside its clock; a row ``reference`` in the table, the verdict against ``eigenpro4``
+   below it.
 
 Columns: fit wall and CPU seconds, test RMSE and excess, peak RSS of the phase (the high-water mark reset through
 ``/proc/self/clear_refs`` before each fit where Linux allows it; the training rows are already in memory), the
 ratios to ``eigenpro4``, and the load average when the fit ended. ``--device cuda``: the kgp fits run on the
 card (the rows are moved there by the estimator), and each JSON line has ``peak_device``, the card's peak
-allocated bytes during the fit. Every fit is appended as a JSON line to
-``--jsonl`` with the host, load and thread count.
+allocated bytes during the fit. Every fit is appended as a JSON line to ``--jsonl`` with the host, load, thread
+count and the fit's ``kgp.settings.memory_budget`` (None for the reference).
 """
 
 from __future__ import annotations
@@ -247,6 +247,7 @@ def fit_reference(path: Path, data: dict[str, Any], Z: torch.Tensor, epochs: int
         "rmse": rmse,
         "peak_rss": peak,
         "peak_device": None,
+        "memory_budget": None,
         "load_start": load_start,
         "load_end": load_average(),
         "curve": [],
